@@ -1,0 +1,164 @@
+// Package app wires the server together and owns its start and stop order:
+// store -> metrics -> callback pool -> ownership (engines) -> routing -> HTTP
+// API on the way up, and the reverse on the way down.
+package app
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/jonboulle/clockwork"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.uber.org/zap"
+
+	"github.com/dtimer/dtimer/server/internal/api"
+	"github.com/dtimer/dtimer/server/internal/callback"
+	"github.com/dtimer/dtimer/server/internal/config"
+	"github.com/dtimer/dtimer/server/internal/engine"
+	"github.com/dtimer/dtimer/server/internal/metrics"
+	"github.com/dtimer/dtimer/server/internal/ownership"
+	"github.com/dtimer/dtimer/server/internal/routing"
+	"github.com/dtimer/dtimer/server/internal/store"
+	"github.com/dtimer/dtimer/server/internal/store/postgres"
+	"github.com/dtimer/dtimer/server/internal/store/sqlite"
+)
+
+// OpenStore opens the configured driver. It does not migrate.
+func OpenStore(ctx context.Context, c config.Store) (store.Store, error) {
+	switch c.Driver {
+	case "sqlite":
+		return sqlite.Open(sqlite.Config{Path: c.SQLite.Path, Synchronous: c.SQLite.Synchronous})
+	case "postgres":
+		return postgres.New(ctx, postgres.Config{URL: c.Postgres.URL, Schema: c.Postgres.Schema, MaxConns: c.Postgres.MaxConns})
+	}
+	return nil, fmt.Errorf("unknown store driver %q", c.Driver)
+}
+
+// Migrate creates or upgrades the configured store's schema.
+func Migrate(ctx context.Context, cfg *config.Config) error {
+	st, err := OpenStore(ctx, cfg.Store)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	return st.Migrate(ctx)
+}
+
+// Run serves until ctx is cancelled, then stops gracefully: it stops taking
+// requests, lets in-flight callbacks finish within shutdown.drain_timeout,
+// and releases its shards. ready, if not nil, receives the API's address once
+// it listens.
+func Run(ctx context.Context, cfg *config.Config, log *zap.Logger, ready func(addr net.Addr)) error {
+	clock := clockwork.NewRealClock()
+	raw, err := OpenStore(ctx, cfg.Store)
+	if err != nil {
+		return fmt.Errorf("open store: %w", err)
+	}
+	defer raw.Close()
+	if err := migrateWithRetry(ctx, raw, log); err != nil {
+		return err
+	}
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	m := metrics.New(reg)
+	st := metrics.InstrumentStore(raw, m)
+
+	client := callback.NewClient(cfg.Callback.Concurrency)
+	defer client.Close()
+	deps := engine.Deps{
+		Store: st, Clock: clock, Firer: client, Pool: callback.NewPool(cfg.Callback.Concurrency),
+		Logger: log.Named("engine"), Metrics: m,
+	}
+	namespaces := make([]ownership.Namespace, len(cfg.Namespaces))
+	for i, ns := range cfg.Namespaces {
+		namespaces[i] = ownership.Namespace{Name: ns.Name, NumShards: ns.NumShards}
+	}
+	e := cfg.Engine
+	owners := ownership.New(ownership.Config{
+		Node:       cfg.Cluster.NodeName,
+		Namespaces: namespaces,
+		Engine: engine.Config{
+			MinLookAhead: e.MinLookAhead, MaxLookAhead: e.MaxLookAhead, BatchReadLimit: e.BatchReadLimit,
+			QueueSize: e.QueueSize, DeleteBatch: e.DeleteBatch, DeleteInterval: e.DeleteInterval,
+			StoreRetryMin: e.StoreRetryMin, StoreRetryMax: e.StoreRetryMax,
+		},
+		DrainTimeout:  cfg.Shutdown.DrainTimeout,
+		ClaimRetryMin: e.StoreRetryMin,
+		ClaimRetryMax: e.StoreRetryMax,
+	}, deps, ownership.Everything(cfg.Cluster.NodeName))
+	owners.Start()
+
+	handler := api.New(api.Options{
+		Service:                routing.New(namespaces, owners, st),
+		Logger:                 log.Named("api"),
+		Metrics:                promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}),
+		Registerer:             reg,
+		MaxBodyBytes:           cfg.HTTP.MaxBodyBytes,
+		DefaultRetryPolicy:     cfg.RetryPolicy(),
+		DefaultCallbackTimeout: cfg.Callback.DefaultTimeout,
+		MaxCallbackTimeout:     cfg.Callback.MaxTimeout,
+		Now:                    clock.Now,
+	})
+	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second}
+	ln, err := net.Listen("tcp", cfg.HTTP.Address)
+	if err != nil {
+		owners.Stop(context.Background())
+		return fmt.Errorf("listen on %s (http.address): %w", cfg.HTTP.Address, err)
+	}
+	log.Info("dtimer serving", zap.String("address", ln.Addr().String()), zap.String("node", cfg.Cluster.NodeName),
+		zap.String("store", cfg.Store.Driver), zap.Int("namespaces", len(namespaces)))
+	if ready != nil {
+		ready(ln.Addr())
+	}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+
+	select {
+	case <-ctx.Done():
+	case err := <-served:
+		owners.Stop(context.Background())
+		return fmt.Errorf("http server: %w", err)
+	}
+
+	log.Info("shutting down: no new requests; draining callbacks", zap.Duration("timeout", cfg.Shutdown.Timeout))
+	stopCtx, cancel := context.WithTimeout(context.Background(), cfg.Shutdown.Timeout)
+	defer cancel()
+	if err := srv.Shutdown(stopCtx); err != nil {
+		log.Warn("http shutdown incomplete", zap.Error(err))
+	}
+	drainCtx, cancelDrain := context.WithTimeout(stopCtx, cfg.Shutdown.DrainTimeout)
+	defer cancelDrain()
+	owners.Stop(drainCtx)
+	log.Info("stopped; shards released")
+	return nil
+}
+
+// migrateWithRetry migrates at start, waiting for a database that is still
+// coming up (a common order problem under compose or Kubernetes).
+func migrateWithRetry(ctx context.Context, st store.Store, log *zap.Logger) error {
+	delay := 200 * time.Millisecond
+	deadline := time.Now().Add(time.Minute)
+	for {
+		err := st.Migrate(ctx)
+		if err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) || errors.Is(err, context.Canceled) {
+			return fmt.Errorf("migrate store: %w", err)
+		}
+		log.Warn("store not ready; retrying migration", zap.Error(err), zap.Duration("in", delay))
+		select {
+		case <-time.After(delay):
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		delay = min(delay*2, 5*time.Second)
+	}
+}
