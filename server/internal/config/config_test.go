@@ -107,3 +107,13 @@ func TestMissingFile(t *testing.T) {
 	_, err := config.Load(filepath.Join(t.TempDir(), "nope.yaml"))
 	require.ErrorContains(t, err, "nope.yaml")
 }
+
+// TestEveryKeyIsDocumented keeps docs/configuration.md true: each key has a
+// row there.
+func TestEveryKeyIsDocumented(t *testing.T) {
+	doc, err := os.ReadFile("../../../docs/configuration.md")
+	require.NoError(t, err)
+	for _, k := range config.Keys() {
+		require.Contains(t, string(doc), "| `"+k+"` |", "docs/configuration.md has no row for %s", k)
+	}
+}

@@ -1,0 +1,38 @@
+# dtimer: the two commands are `make run` and `make test`; `make test-all`
+# also starts real database servers (Debian's apt) and runs every suite.
+SHELL := /bin/bash
+GO ?= go
+BIN := bin/dtimer-server
+PG := scripts/testdb/postgres.sh
+
+.PHONY: build run migrate test test-all vet fmt-check testdb-start testdb-stop clean
+
+build: ## build bin/dtimer-server
+	$(GO) build -o $(BIN) ./server/cmd/dtimer-server
+
+run: build ## a single node on the embedded SQLite default, serving on :8080
+	DTIMER_LOG_FORMAT=$${DTIMER_LOG_FORMAT:-console} ./$(BIN)
+
+migrate: build ## create or upgrade the configured store's schema
+	./$(BIN) migrate
+
+test: ## unit, SQLite and end-to-end tests; needs nothing but Go
+	cd server && $(GO) test -count=1 ./...
+
+vet: ## go vet, and gofmt must have nothing to say
+	cd server && $(GO) vet ./...
+	@out=$$(gofmt -l server); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
+
+testdb-start: ## start the test database servers (installs them with apt if missing)
+	$(PG) start
+
+testdb-stop:
+	$(PG) stop
+
+test-all: vet testdb-start ## every suite on every driver against real servers, with the race detector
+	cd server && DTIMER_TEST_REQUIRE_ALL_DRIVERS=1 \
+		DTIMER_TEST_POSTGRES_URL=$$(../$(PG) url) \
+		$(GO) test -race -count=1 -timeout 20m ./...
+
+clean:
+	rm -rf bin data .testdb
