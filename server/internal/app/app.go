@@ -92,7 +92,7 @@ func Run(ctx context.Context, cfg *config.Config, log *zap.Logger, ready func(ad
 		DrainTimeout:  cfg.Shutdown.DrainTimeout,
 		ClaimRetryMin: e.StoreRetryMin,
 		ClaimRetryMax: e.StoreRetryMax,
-	}, deps, ownership.Everything(cfg.Cluster.NodeName))
+	}, deps, ownership.Everything(cfg.Cluster.NodeName), log.Named("ownership"))
 	owners.Start()
 
 	handler := api.New(api.Options{

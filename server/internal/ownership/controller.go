@@ -62,11 +62,11 @@ type Controller struct {
 	wg     sync.WaitGroup
 }
 
-// New returns a controller; Start runs it.
-func New(cfg Config, deps engine.Deps, assigner Assigner) *Controller {
+// New returns a controller that runs engines with deps; Start runs it.
+func New(cfg Config, deps engine.Deps, assigner Assigner, log *zap.Logger) *Controller {
 	return &Controller{
 		cfg: cfg, deps: deps, assigner: assigner,
-		log: deps.Logger.Named("ownership"), m: deps.Metrics, clock: deps.Clock,
+		log: log, m: deps.Metrics, clock: deps.Clock,
 		engines: make(map[store.ShardKey]*engine.Shard),
 		changed: make(chan struct{}),
 	}
