@@ -19,7 +19,15 @@
 // shard (version+1) and loaded its window, nothing the old owner does can add
 // a timer the new owner does not know about, or delete one it has not fired.
 //
-// "Now" is always passed in; drivers never read the clock.
+// "Now" is always passed in; drivers never read the clock. Times come back
+// in UTC, truncated to Precision; durations are stored in whole
+// milliseconds. A nil Payload and a JSON null may both read back as nil.
+//
+// Errors: the sentinels below mean the write was certainly not applied. A
+// fenced write with a stale fence returns ErrShardOwnershipLost even when the
+// timer does not exist. Any other error (a timeout, a lost connection) may or
+// may not have been applied: the caller must find out by reading before it
+// relies on either.
 package store
 
 import (
@@ -50,7 +58,8 @@ type Store interface {
 	// "no shard row yet"). A lost race returns ErrShardVersionConflict.
 	ShardClaim(ctx context.Context, p ShardClaimParams) (*Shard, error)
 	// ShardRelease clears the owner of a shard still held at fence.Version,
-	// so that another node sees it is free; the version is kept. It returns
+	// so that another node sees it is free; the version is kept (the next
+	// claim increments it, which is what fences the releasing node). It returns
 	// ErrShardOwnershipLost if the shard was claimed by someone else since.
 	ShardRelease(ctx context.Context, fence Fence) error
 
@@ -69,7 +78,8 @@ type Store interface {
 	TimerDelete(ctx context.Context, fence Fence, id string) error
 	// TimerGetWindow returns pending timers of the shard with a position after
 	// p.After (exclusive; the zero Position means from the start) and a due
-	// time at or before p.DueUntil, in Position order, at most p.Limit of them.
+	// time at or before p.DueUntil, in Position order, at most p.Limit of them
+	// (Limit must be positive).
 	TimerGetWindow(ctx context.Context, p TimerGetWindowParams) ([]*timer.Timer, error)
 	// TimerDeleteRange removes every pending timer of the shard at or before
 	// p.UpTo in Position order, and nothing else. It returns how many rows

@@ -1317,6 +1317,29 @@ func (s *suite) testConcurrency(t *testing.T) {
 		}
 	})
 
+	t.Run("FirstCreatesOfSameID", func(t *testing.T) {
+		// Racing first inserts of one key at one position (a client retrying
+		// a create against two nodes) are the hardest case for an upsert.
+		t.Parallel()
+		b := s.setup(t)
+		const ids, writers = 100, 8
+		var want []*timer.Timer
+		for i := range ids {
+			tm := newTimer(keyA1, fmt.Sprintf("first-%d", i), base)
+			want = append(want, tm)
+			var wg sync.WaitGroup
+			errs := make([]error, writers)
+			for w := range writers {
+				wg.Go(func() { errs[w] = b.s.TimerCreate(b.ctx, b.fence, tm) })
+			}
+			wg.Wait()
+			for w, err := range errs {
+				require.NoError(t, err, "timer %q writer %d", tm.ID, w)
+			}
+		}
+		requireTimersEqual(t, sorted(want), window(t, b, keyA1))
+	})
+
 	t.Run("ClaimRacesFencedCreates", func(t *testing.T) {
 		// The property fencing exists for: once a claim has returned, the new
 		// owner's window read sees every write the old owner was told
@@ -1337,6 +1360,74 @@ func (s *suite) testConcurrency(t *testing.T) {
 		// The last owner writes as usual.
 		create(t, b, fence, newTimer(keyA1, "after-claims", base))
 	})
+
+	t.Run("ClaimRacesFencedDeleteRange", func(t *testing.T) {
+		// A range delete is the longest fenced write. Racing a claim, it
+		// either commits before the claim (the new owner never sees the
+		// timers it removed) or fails and removes nothing; never does the new
+		// owner load timers that the old owner's delete then removes.
+		t.Parallel()
+		b := s.setup(t)
+		fence := b.fence
+		const n = 1000
+		for round := range 4 {
+			timers := make([]*timer.Timer, n)
+			for i := range timers {
+				timers[i] = newTimer(keyA1, fmt.Sprintf("r%d-%d", round, i), base.Add(time.Duration(i)*time.Millisecond))
+			}
+			createConcurrently(t, b, fence, timers)
+
+			type result struct {
+				n   int
+				err error
+			}
+			deleted := make(chan result, 1)
+			go func() {
+				n, err := b.s.TimerDeleteRange(b.ctx, fence, store.TimerDeleteRangeParams{UpTo: timer.Position{DueAt: maxTime, UUID: timer.MaxUUID}})
+				deleted <- result{n, err}
+			}()
+			next := claim(t, b, keyA1, nodeB, fence.Version)
+			seen := window(t, b, keyA1)
+			res := <-deleted
+
+			if res.err == nil {
+				require.Empty(t, ids(seen), "round %d: the claim returned before the range delete committed", round)
+				if res.n >= 0 {
+					require.Equal(t, n, res.n)
+				}
+			} else {
+				require.ErrorIs(t, res.err, store.ErrShardOwnershipLost)
+				requireTimersEqual(t, sorted(timers), seen)
+			}
+			requireTimersEqual(t, seen, window(t, b, keyA1))
+			// The new owner clears the shard for the next round.
+			_, err := b.s.TimerDeleteRange(b.ctx, next, store.TimerDeleteRangeParams{UpTo: timer.Position{DueAt: maxTime, UUID: timer.MaxUUID}})
+			require.NoError(t, err)
+			fence = next
+		}
+	})
+}
+
+// createConcurrently creates timers from several goroutines.
+func createConcurrently(t *testing.T, b *bundle, f store.Fence, timers []*timer.Timer) {
+	t.Helper()
+	const workers = 8
+	var wg sync.WaitGroup
+	errs := make([]error, workers)
+	for w := range workers {
+		wg.Go(func() {
+			for i := w; i < len(timers); i += workers {
+				if err := b.s.TimerCreate(b.ctx, f, timers[i]); err != nil {
+					errs[w] = fmt.Errorf("create %q: %w", timers[i].ID, err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	for _, err := range errs {
+		require.NoError(t, err)
+	}
 }
 
 // claimDuringCreates has workers create timers under fence until they see
