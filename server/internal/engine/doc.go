@@ -19,13 +19,13 @@
 // entries, whose top arms the loop's single timer gate, and the order heap of
 // every entry until it is popped.
 //
-//	           read / API write            due                 callback
-//	  (store) ----------------> waiting ---------> firing -----------------> fired
-//	                              |  ^               |  outcome: retry,        |
-//	                 write begins |  | write fails   |  reschedule, fail       | popped in order,
-//	                              v  |               v  (fenced move)          v range-deleted
-//	                             held ---------->  gone  <------------------- (row removed)
-//	                                  write applies
+//	         read / API write            due                 callback
+//	(store) ----------------> waiting ---------> firing -----------------> fired
+//	                            |  ^               |  outcome: retry,        |
+//	               write begins |  | write fails   |  reschedule, fail       | popped in order,
+//	                            v  |               v  (fenced move)          v range-deleted
+//	                           held ---------->  gone  <------------------- (row removed)
+//	                                write applies
 //
 // # Invariants
 //
