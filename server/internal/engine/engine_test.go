@@ -10,6 +10,7 @@ import (
 
 	"github.com/jonboulle/clockwork"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 	"go.uber.org/zap/zaptest"
@@ -517,12 +518,19 @@ func TestTimerWrittenBehindFiredPrefixSurvivesRangeDelete(t *testing.T) {
 	e := h.start()
 	h.create(e, newTimer("x", t0))
 	require.Equal(t, "x", h.next().id)
-	require.Eventually(t, func() bool { return len(h.pending()) == 0 }, 10*time.Second, 5*time.Millisecond)
+	// Wait for the first range delete to finish: the next one is due
+	// DeleteInterval after it.
+	require.Eventually(t, func() bool { return testutil.ToFloat64(h.deps.Metrics.RangeDeletes) == 1 }, 10*time.Second, time.Millisecond)
 
 	h.create(e, newTimer("a", t0.Add(time.Second)))
 	h.idle(1)
 	h.clock.Advance(time.Second)
-	require.Equal(t, "a", h.next().id) // fired, awaiting the next range delete
+	require.Equal(t, "a", h.next().id)
+	// Once the loop has seen "a" complete (nothing open: the queue gauge is
+	// 0), "a" is the fired prefix awaiting the next range delete.
+	require.Eventually(t, func() bool {
+		return testutil.ToFloat64(h.deps.Metrics.QueueLength.WithLabelValues("ns", "0")) == 0
+	}, 10*time.Second, time.Millisecond)
 
 	h.create(e, newTimer("behind", t0.Add(-time.Hour)))
 	h.idle(1)
