@@ -63,6 +63,9 @@ var ErrStopped = errors.New("shard engine stopped")
 // worker pool before it looks at loads and deletes again.
 const firesPerRound = 256
 
+// deleteTimeout bounds one range delete.
+const deleteTimeout = 30 * time.Second
+
 // Shard is the engine of one owned shard. See doc.go for the algorithm and
 // its invariants.
 type Shard struct {
@@ -447,7 +450,11 @@ func (s *Shard) maybeDelete(now time.Time) {
 	s.loops.Add(1)
 	go func() {
 		defer s.loops.Done()
-		rows, err := s.deps.Store.TimerDeleteRange(context.Background(), s.fence, store.TimerDeleteRangeParams{UpTo: upTo})
+		// Not cancelled by Stop (a finished delete saves the next owner
+		// duplicate fires), but bounded so a hung store cannot stall it.
+		ctx, cancel := context.WithTimeout(context.Background(), deleteTimeout)
+		rows, err := s.deps.Store.TimerDeleteRange(ctx, s.fence, store.TimerDeleteRangeParams{UpTo: upTo})
+		cancel()
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		defer s.signal()
