@@ -106,6 +106,7 @@ func requireError(t *testing.T, rec *httptest.ResponseRecorder, status int, code
 	for _, m := range mentions {
 		require.Contains(t, body.Message, m)
 	}
+	require.NotContains(t, body.Message, "Fields.", "the message names a Go struct, not the JSON field")
 	return body
 }
 

@@ -209,7 +209,10 @@ func decodeError(err error) error {
 		if typeErr.Field == "" {
 			return invalidInput("request body must be a JSON object, got %s", typeErr.Value)
 		}
-		return invalidInput("%s must be %s, got %s", typeErr.Field, describeType(typeErr.Type), typeErr.Value)
+		// Field is the Go path, which names embedded structs too
+		// ("timerFields.executeAt"); the client knows only the JSON one.
+		field := strings.TrimPrefix(typeErr.Field, "timerFields.")
+		return invalidInput("%s must be %s, got %s", field, describeType(typeErr.Type), typeErr.Value)
 	case errors.As(err, &nameErr):
 		return invalidInput("%s", nameErr.Error())
 	}
