@@ -90,7 +90,7 @@ func TestClaimsEveryAssignedShardAndReleasesOnStop(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	require.Eventually(t, func() bool { return b.ctrl.Ready() == nil }, 10*time.Second, 5*time.Millisecond)
-	for _, k := range []store.ShardKey{{"n1", 0}, {"n1", 1}, {"n1", 2}, {"n2", 0}, {"n2", 1}} {
+	for _, k := range []store.ShardKey{{Namespace: "n1", Shard: 0}, {Namespace: "n1", Shard: 1}, {Namespace: "n1", Shard: 2}, {Namespace: "n2", Shard: 0}, {Namespace: "n2", Shard: 1}} {
 		e, ok := b.ctrl.Engine(k)
 		require.True(t, ok, k)
 		sh := b.shard(t, k)
@@ -101,7 +101,7 @@ func TestClaimsEveryAssignedShardAndReleasesOnStop(t *testing.T) {
 	require.False(t, ok, "no such shard")
 
 	b.ctrl.Stop(context.Background())
-	for _, k := range []store.ShardKey{{"n1", 0}, {"n2", 1}} {
+	for _, k := range []store.ShardKey{{Namespace: "n1", Shard: 0}, {Namespace: "n2", Shard: 1}} {
 		_, ok := b.ctrl.Engine(k)
 		require.False(t, ok)
 		sh := b.shard(t, k)
