@@ -63,8 +63,12 @@ var ErrStopped = errors.New("shard engine stopped")
 // worker pool before it looks at loads and deletes again.
 const firesPerRound = 256
 
-// deleteTimeout bounds one range delete.
-const deleteTimeout = 30 * time.Second
+// deleteTimeout bounds one range delete; finalDeleteTimeout the one a
+// stopping engine makes.
+const (
+	deleteTimeout      = 30 * time.Second
+	finalDeleteTimeout = 5 * time.Second
+)
 
 // Shard is the engine of one owned shard. See doc.go for the algorithm and
 // its invariants.
@@ -164,8 +168,12 @@ func (s *Shard) Stop(ctx context.Context) {
 	s.popCompleted()
 	upTo, n, lost := s.deletableUpTo, s.pendingDeletes, s.lost
 	s.mu.Unlock()
-	if n > 0 && lost == nil && ctx.Err() == nil {
-		if _, err := s.deps.Store.TimerDeleteRange(ctx, s.fence, store.TimerDeleteRangeParams{UpTo: upTo}); err != nil {
+	if n > 0 && lost == nil {
+		// Its own bound: a drain that used up ctx still deserves this one
+		// statement, which spares the next owner firing these again.
+		dctx, cancel := context.WithTimeout(context.Background(), finalDeleteTimeout)
+		defer cancel()
+		if _, err := s.deps.Store.TimerDeleteRange(dctx, s.fence, store.TimerDeleteRangeParams{UpTo: upTo}); err != nil {
 			s.log.Warn("final range delete failed; fired timers may fire again on the next owner", zap.Error(err))
 		}
 	}
