@@ -9,7 +9,10 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"strconv"
 	"time"
+
+	sockaddr "github.com/hashicorp/go-sockaddr"
 
 	"github.com/jonboulle/clockwork"
 	"github.com/prometheus/client_golang/prometheus"
@@ -21,6 +24,7 @@ import (
 	"github.com/dtimer/dtimer/server/internal/callback"
 	"github.com/dtimer/dtimer/server/internal/config"
 	"github.com/dtimer/dtimer/server/internal/engine"
+	"github.com/dtimer/dtimer/server/internal/membership"
 	"github.com/dtimer/dtimer/server/internal/metrics"
 	"github.com/dtimer/dtimer/server/internal/ownership"
 	"github.com/dtimer/dtimer/server/internal/routing"
@@ -80,7 +84,33 @@ func Run(ctx context.Context, cfg *config.Config, log *zap.Logger, ready func(ad
 	for i, ns := range cfg.Namespaces {
 		namespaces[i] = ownership.Namespace{Name: ns.Name, NumShards: ns.NumShards}
 	}
+
+	// Listen before joining, so the address peers forward to is known.
+	ln, err := net.Listen("tcp", cfg.HTTP.Address)
+	if err != nil {
+		return fmt.Errorf("listen on %s (http.address): %w", cfg.HTTP.Address, err)
+	}
+	defer ln.Close()
+	members, err := startMembership(cfg, ln.Addr().(*net.TCPAddr), log)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err := members.Leave(2 * time.Second); err != nil {
+			log.Warn("leaving the cluster", zap.Error(err))
+		}
+	}()
+	isLive := func(node string) bool {
+		for _, m := range members.Members() {
+			if m.Name == node {
+				return m.Live()
+			}
+		}
+		return false
+	}
+
 	e := cfg.Engine
+	assigner := ownership.NewRendezvous(cfg.Cluster.NodeName)
 	owners := ownership.New(ownership.Config{
 		Node:       cfg.Cluster.NodeName,
 		Namespaces: namespaces,
@@ -89,14 +119,17 @@ func Run(ctx context.Context, cfg *config.Config, log *zap.Logger, ready func(ad
 			QueueSize: e.QueueSize, DeleteBatch: e.DeleteBatch, DeleteInterval: e.DeleteInterval,
 			StoreRetryMin: e.StoreRetryMin, StoreRetryMax: e.StoreRetryMax,
 		},
-		DrainTimeout:  cfg.Shutdown.DrainTimeout,
-		ClaimRetryMin: e.StoreRetryMin,
-		ClaimRetryMax: e.StoreRetryMax,
-	}, deps, ownership.Everything(cfg.Cluster.NodeName), log.Named("ownership"))
+		DrainTimeout:   cfg.Shutdown.DrainTimeout,
+		ClaimRetryMin:  e.StoreRetryMin,
+		ClaimRetryMax:  e.StoreRetryMax,
+		IsLive:         isLive,
+		HandoffTimeout: cfg.Cluster.HandoffTimeout,
+	}, deps, assigner, log.Named("ownership"))
 	owners.Start()
+	owners.Follow(members, assigner)
 
 	handler := api.New(api.Options{
-		Service:                routing.New(namespaces, owners, st),
+		Service:                routing.New(namespaces, owners, assigner, members, st, m),
 		Logger:                 log.Named("api"),
 		Metrics:                promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}),
 		Registerer:             reg,
@@ -107,13 +140,9 @@ func Run(ctx context.Context, cfg *config.Config, log *zap.Logger, ready func(ad
 		Now:                    clock.Now,
 	})
 	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second}
-	ln, err := net.Listen("tcp", cfg.HTTP.Address)
-	if err != nil {
-		owners.Stop(context.Background())
-		return fmt.Errorf("listen on %s (http.address): %w", cfg.HTTP.Address, err)
-	}
 	log.Info("dtimer serving", zap.String("address", ln.Addr().String()), zap.String("node", cfg.Cluster.NodeName),
-		zap.String("store", cfg.Store.Driver), zap.Int("namespaces", len(namespaces)))
+		zap.String("http_advertise", members.Local().HTTPAddress), zap.String("store", cfg.Store.Driver),
+		zap.Int("namespaces", len(namespaces)), zap.Strings("seeds", cfg.Cluster.Seeds))
 	if ready != nil {
 		ready(ln.Addr())
 	}
@@ -127,9 +156,20 @@ func Run(ctx context.Context, cfg *config.Config, log *zap.Logger, ready func(ad
 		return fmt.Errorf("http server: %w", err)
 	}
 
-	log.Info("shutting down: no new requests; draining callbacks", zap.Duration("timeout", cfg.Shutdown.Timeout))
+	log.Info("shutting down: handing shards off, draining callbacks", zap.Duration("timeout", cfg.Shutdown.Timeout))
 	stopCtx, cancel := context.WithTimeout(context.Background(), cfg.Shutdown.Timeout)
 	defer cancel()
+	// In a cluster, announce the departure first: peers take no new shards
+	// from us, ours are released as their engines drain, and the API keeps
+	// forwarding to the new owners meanwhile.
+	if err := members.Drain(); err != nil {
+		log.Warn("announcing the drain", zap.Error(err))
+	}
+	handoffCtx, cancelHandoff := context.WithTimeout(stopCtx, cfg.Shutdown.DrainTimeout+time.Second)
+	if members.Local().Draining {
+		owners.WaitReleased(handoffCtx)
+	}
+	cancelHandoff()
 	if err := srv.Shutdown(stopCtx); err != nil {
 		log.Warn("http shutdown incomplete", zap.Error(err))
 	}
@@ -161,4 +201,56 @@ func migrateWithRetry(ctx context.Context, st store.Store, log *zap.Logger) erro
 		}
 		delay = min(delay*2, 5*time.Second)
 	}
+}
+
+// startMembership joins the cluster when seeds are configured, and otherwise
+// runs the static membership of one.
+func startMembership(cfg *config.Config, httpAddr *net.TCPAddr, log *zap.Logger) (membership.Membership, error) {
+	c := cfg.Cluster
+	httpAdvertise := c.HTTPAdvertiseAddress
+	if httpAdvertise == "" {
+		httpAdvertise = advertisedHTTP(c, httpAddr)
+	}
+	if len(c.Seeds) == 0 {
+		return membership.NewStatic(c.NodeName, httpAdvertise), nil
+	}
+	_, bindPort, _ := net.SplitHostPort(c.BindAddress)
+	port, _ := strconv.Atoi(bindPort)
+	g, err := membership.StartGossip(membership.GossipConfig{
+		NodeName: c.NodeName, BindAddress: c.BindAddress, AdvertiseAddress: c.AdvertiseAddress,
+		HTTPAddress: httpAdvertise, Seeds: c.Seeds, DefaultPort: port,
+		ProbeInterval: c.ProbeInterval, ProbeTimeout: c.ProbeTimeout, SuspicionMult: c.SuspicionMult,
+		GossipInterval: c.GossipInterval, PushPullInterval: c.PushPullInterval,
+		Logger: log.Named("membership"),
+	})
+	if err != nil {
+		return nil, err
+	}
+	select {
+	case <-g.Tried():
+	case <-time.After(5 * time.Second):
+		log.Warn("seeds did not answer within 5s; starting alone, peers join later")
+	}
+	return g, nil
+}
+
+// advertisedHTTP is the API address peers can reach: the listener's port on
+// the first specific host among http.address, the gossip advertise address,
+// the gossip bind address, and this machine's private IP.
+func advertisedHTTP(c config.Cluster, httpAddr *net.TCPAddr) string {
+	port := strconv.Itoa(httpAddr.Port)
+	if !httpAddr.IP.IsUnspecified() {
+		return net.JoinHostPort(httpAddr.IP.String(), port)
+	}
+	for _, hp := range []string{c.AdvertiseAddress, c.BindAddress} {
+		if host, _, err := net.SplitHostPort(hp); err == nil && host != "" {
+			if ip := net.ParseIP(host); ip == nil || !ip.IsUnspecified() {
+				return net.JoinHostPort(host, port)
+			}
+		}
+	}
+	if ip, err := sockaddr.GetPrivateIP(); err == nil && ip != "" {
+		return net.JoinHostPort(ip, port)
+	}
+	return net.JoinHostPort("127.0.0.1", port)
 }

@@ -96,9 +96,20 @@ type Retry struct {
 	MaxInterval         time.Duration `mapstructure:"max_interval"`
 }
 
-// Cluster identifies this node. (Gossip membership arrives with the cluster.)
+// Cluster configures this node's identity and gossip membership. Without
+// seeds the node runs alone (a static membership of one).
 type Cluster struct {
-	NodeName string `mapstructure:"node_name"`
+	NodeName             string        `mapstructure:"node_name"`
+	BindAddress          string        `mapstructure:"bind_address"`
+	AdvertiseAddress     string        `mapstructure:"advertise_address"`
+	HTTPAdvertiseAddress string        `mapstructure:"http_advertise_address"`
+	Seeds                []string      `mapstructure:"seeds"`
+	ProbeInterval        time.Duration `mapstructure:"probe_interval"`
+	ProbeTimeout         time.Duration `mapstructure:"probe_timeout"`
+	SuspicionMult        int           `mapstructure:"suspicion_mult"`
+	GossipInterval       time.Duration `mapstructure:"gossip_interval"`
+	PushPullInterval     time.Duration `mapstructure:"push_pull_interval"`
+	HandoffTimeout       time.Duration `mapstructure:"handoff_timeout"`
 }
 
 // Shutdown bounds a graceful stop.
@@ -144,6 +155,16 @@ var defaults = map[string]any{
 	"callback.retry.backoff_multiplier":    2.0,
 	"callback.retry.max_interval":          "60s",
 	"cluster.node_name":                    "",
+	"cluster.bind_address":                 "0.0.0.0:7946",
+	"cluster.advertise_address":            "",
+	"cluster.http_advertise_address":       "",
+	"cluster.seeds":                        "",
+	"cluster.probe_interval":               "500ms",
+	"cluster.probe_timeout":                "250ms",
+	"cluster.suspicion_mult":               3,
+	"cluster.gossip_interval":              "100ms",
+	"cluster.push_pull_interval":           "15s",
+	"cluster.handoff_timeout":              "5s",
 	"shutdown.timeout":                     "30s",
 	"shutdown.drain_timeout":               "10s",
 	"log.level":                            "info",
@@ -183,7 +204,7 @@ func Load(path string) (*Config, error) {
 	}
 	var c Config
 	err := v.Unmarshal(&c, viper.DecodeHook(mapstructure.ComposeDecodeHookFunc(
-		namespacesHook, mapstructure.StringToTimeDurationHookFunc(),
+		namespacesHook, mapstructure.StringToTimeDurationHookFunc(), mapstructure.StringToSliceHookFunc(","),
 	)))
 	if err != nil {
 		return nil, fmt.Errorf("config: %w", err)
@@ -315,8 +336,36 @@ func (c *Config) Validate() error {
 	if err := c.RetryPolicy().Validate(); err != nil {
 		bad("callback.retry", "%v", err)
 	}
-	if c.Cluster.NodeName == "" {
-		bad("cluster.node_name", "must not be empty")
+	cl := c.Cluster
+	if cl.NodeName == "" || len(cl.NodeName) > 128 {
+		bad("cluster.node_name", "must be 1-128 characters, got %q", cl.NodeName)
+	}
+	hostPort := func(key, v string, optional bool) {
+		if v == "" && optional {
+			return
+		}
+		if _, p, err := net.SplitHostPort(v); err != nil || p == "" {
+			bad(key, "%q is not host:port", v)
+		}
+	}
+	hostPort("cluster.bind_address", cl.BindAddress, false)
+	hostPort("cluster.advertise_address", cl.AdvertiseAddress, true)
+	hostPort("cluster.http_advertise_address", cl.HTTPAdvertiseAddress, true)
+	for _, s := range cl.Seeds {
+		if strings.TrimSpace(s) == "" {
+			bad("cluster.seeds", "has an empty entry")
+		}
+	}
+	positive("cluster.probe_interval", cl.ProbeInterval)
+	positive("cluster.probe_timeout", cl.ProbeTimeout)
+	positive("cluster.gossip_interval", cl.GossipInterval)
+	positive("cluster.push_pull_interval", cl.PushPullInterval)
+	positive("cluster.handoff_timeout", cl.HandoffTimeout)
+	if cl.ProbeTimeout >= cl.ProbeInterval {
+		bad("cluster.probe_timeout", "must be less than cluster.probe_interval (%s), got %s", cl.ProbeInterval, cl.ProbeTimeout)
+	}
+	if cl.SuspicionMult < 1 {
+		bad("cluster.suspicion_mult", "must be at least 1, got %d", cl.SuspicionMult)
 	}
 	positive("shutdown.timeout", c.Shutdown.Timeout)
 	positive("shutdown.drain_timeout", c.Shutdown.DrainTimeout)

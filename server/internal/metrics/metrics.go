@@ -29,6 +29,9 @@ type Metrics struct {
 	OwnershipGained   prometheus.Counter
 	OwnershipLost     prometheus.Counter
 	ClaimConflicts    prometheus.Counter
+	Handoff           prometheus.Histogram
+	Members           *prometheus.GaugeVec   // state
+	Forwarded         *prometheus.CounterVec // result: ok, unavailable
 }
 
 // New creates the collectors and registers them on reg.
@@ -98,8 +101,20 @@ func New(reg prometheus.Registerer) *Metrics {
 		ClaimConflicts: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "dtimer_shard_claim_conflicts_total", Help: "Claims lost to a concurrent claim (version conflict).",
 		}),
+		Handoff: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "dtimer_shard_handoff_seconds",
+			Help:    "From this node starting to want a shard (assignment change, start, fenced out) to its engine running: the failover time as this node sees it.",
+			Buckets: []float64{.01, .05, .1, .25, .5, 1, 2, 5, 10, 30},
+		}),
+		Members: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "dtimer_cluster_members", Help: "Cluster members by state (alive, suspect, dead, left, draining) as this node sees them.",
+		}, []string{"state"}),
+		Forwarded: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "dtimer_forwarded_requests_total", Help: "API calls forwarded to the shard's owner, by result (ok, unavailable).",
+		}, []string{"result"}),
 	}
-	reg.MustRegister(m.TimersCreated, m.TimersUpdated, m.TimersDeleted, m.Callbacks, m.Retries, m.TimersFailed,
+	reg.MustRegister(m.Handoff, m.Members, m.Forwarded,
+		m.TimersCreated, m.TimersUpdated, m.TimersDeleted, m.Callbacks, m.Retries, m.TimersFailed,
 		m.FiringLateness, m.CallbackDuration, m.CallbacksInFlight, m.QueueLength, m.WindowAhead, m.WindowLoads,
 		m.RangeDeletes, m.RangeDeletedRows, m.DBOps, m.DBLatency, m.ShardsOwned, m.OwnershipGained,
 		m.OwnershipLost, m.ClaimConflicts)

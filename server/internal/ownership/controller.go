@@ -42,7 +42,18 @@ type Config struct {
 	// ClaimRetryMin and ClaimRetryMax bound the backoff of a failing claim.
 	ClaimRetryMin time.Duration
 	ClaimRetryMax time.Duration
+	// IsLive reports whether a node is still a member. A shard whose owner is
+	// live is claimed only once that owner released it, or after
+	// HandoffTimeout: the owner's callbacks in flight then finish and persist
+	// their outcomes under its claim. Nil: every other owner is taken over
+	// at once.
+	IsLive         func(node string) bool
+	HandoffTimeout time.Duration
 }
+
+// handoffPoll is how often a claimer re-reads a shard its live owner has not
+// released yet.
+const handoffPoll = 50 * time.Millisecond
 
 // Controller runs the shard workers of a node.
 type Controller struct {
@@ -58,6 +69,7 @@ type Controller struct {
 	changed chan struct{}   // closed and replaced when the assignment may have changed
 	stopCtx context.Context // set by Stop: bounds the drain of every engine
 
+	ctx    context.Context // ends with Stop
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 }
@@ -75,7 +87,7 @@ func New(cfg Config, deps engine.Deps, assigner Assigner, log *zap.Logger) *Cont
 // Start starts one worker per shard of every namespace.
 func (c *Controller) Start() {
 	ctx, cancel := context.WithCancel(context.Background())
-	c.cancel = cancel
+	c.ctx, c.cancel = ctx, cancel
 	for _, ns := range c.cfg.Namespaces {
 		for i := 0; i < ns.NumShards; i++ {
 			k := store.ShardKey{Namespace: ns.Name, Shard: i}
@@ -107,6 +119,24 @@ func (c *Controller) Stop(ctx context.Context) {
 	c.mu.Unlock()
 	c.cancel()
 	c.wg.Wait()
+}
+
+// WaitReleased waits until this node runs no engine (after a drain made it
+// want none), or ctx ends.
+func (c *Controller) WaitReleased(ctx context.Context) {
+	for {
+		c.mu.RLock()
+		n := len(c.engines)
+		c.mu.RUnlock()
+		if n == 0 {
+			return
+		}
+		select {
+		case <-c.clock.After(20 * time.Millisecond):
+		case <-ctx.Done():
+			return
+		}
+	}
 }
 
 // Engine returns the running engine of a shard this node owns.
@@ -157,6 +187,7 @@ func (c *Controller) work(ctx context.Context, k store.ShardKey) {
 				return
 			}
 		}
+		wantedAt := c.clock.Now()
 		fence, ok := c.claim(ctx, k, log)
 		if !ok {
 			if ctx.Err() != nil {
@@ -168,6 +199,7 @@ func (c *Controller) work(ctx context.Context, k store.ShardKey) {
 		c.publish(k, eng)
 		c.m.OwnershipGained.Inc()
 		c.m.ShardsOwned.Inc()
+		c.m.Handoff.Observe(c.clock.Since(wantedAt).Seconds())
 		log.Info("shard owned", zap.Int64("version", fence.Version))
 
 		lost := false
@@ -197,6 +229,7 @@ func (c *Controller) work(ctx context.Context, k store.ShardKey) {
 // claim takes the shard at the version after the one it reads, retrying
 // with backoff, for as long as the shard is wanted.
 func (c *Controller) claim(ctx context.Context, k store.ShardKey, log *zap.Logger) (store.Fence, bool) {
+	var waitingSince time.Time
 	for failures := 0; ; failures++ {
 		if want, _ := c.wanted(k); !want || ctx.Err() != nil {
 			return store.Fence{}, false
@@ -206,6 +239,20 @@ func (c *Controller) claim(ctx context.Context, k store.ShardKey, log *zap.Logge
 		switch {
 		case err == nil:
 			prev = sh.Version
+			if sh.Owner != "" && sh.Owner != c.cfg.Node && c.cfg.IsLive != nil && c.cfg.IsLive(sh.Owner) {
+				if waitingSince.IsZero() {
+					waitingSince = c.clock.Now()
+				}
+				if c.clock.Since(waitingSince) < c.cfg.HandoffTimeout {
+					failures = -1 // waiting for a release is no failure
+					if !c.pause(ctx, handoffPoll) {
+						return store.Fence{}, false
+					}
+					continue
+				}
+				log.Warn("live owner did not release the shard in time; taking it over",
+					zap.String("owner", sh.Owner), zap.Duration("waited", c.clock.Since(waitingSince)))
+			}
 		case errors.Is(err, store.ErrShardNotFound):
 		default:
 			log.Warn("reading shard for a claim failed; retrying", zap.Error(err))
@@ -235,6 +282,11 @@ func (c *Controller) sleep(ctx context.Context, failures int) bool {
 	if d <= 0 || d > c.cfg.ClaimRetryMax {
 		d = c.cfg.ClaimRetryMax
 	}
+	return c.pause(ctx, d)
+}
+
+// pause waits d, or less if the assignment may have changed.
+func (c *Controller) pause(ctx context.Context, d time.Duration) bool {
 	_, changed := c.wanted(store.ShardKey{})
 	select {
 	case <-c.clock.After(d):
