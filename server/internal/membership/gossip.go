@@ -50,7 +50,9 @@ type Gossip struct {
 
 	mu   sync.Mutex
 	meta meta
-	gone map[string]goneMember // dead or left members, remembered for a while
+	// members is kept from memberlist's events, which run under its lock;
+	// the *Node values it hands out are not safe to read later.
+	members map[string]known
 
 	tried     chan struct{} // closed after the first attempt to join the seeds
 	triedOnce sync.Once
@@ -59,9 +61,9 @@ type Gossip struct {
 	wg        sync.WaitGroup
 }
 
-type goneMember struct {
-	m  Member
-	at time.Time
+type known struct {
+	m      Member
+	goneAt time.Time // when it died or left; zero while live
 }
 
 // forgetAfter bounds how long a dead or left member is still listed.
@@ -81,7 +83,7 @@ func StartGossip(cfg GossipConfig) (*Gossip, error) {
 		log:     cfg.Logger,
 		changes: make(chan struct{}, 1),
 		meta:    meta{HTTP: cfg.HTTPAddress, Protocol: ProtocolVersion},
-		gone:    make(map[string]goneMember),
+		members: make(map[string]known),
 		tried:   make(chan struct{}),
 		stop:    make(chan struct{}),
 	}
@@ -156,25 +158,19 @@ func (g *Gossip) Local() Member {
 	return Member{Name: n.Name, GossipAddress: n.Address(), HTTPAddress: m.HTTP, State: StateAlive, Protocol: m.Protocol, Draining: m.Draining}
 }
 
-// Members implements Membership, sorted by name.
+// Members implements Membership, sorted by name. memberlist does not tell
+// a suspected node from an alive one, so live members are all "alive"; a
+// departed member is "left" if it drained first (a graceful stop) and
+// "dead" otherwise.
 func (g *Gossip) Members() []Member {
-	var out []Member
-	seen := map[string]bool{}
-	for _, n := range g.ml.Members() {
-		m := toMember(n)
-		out = append(out, m)
-		seen[m.Name] = true
-	}
 	g.mu.Lock()
-	for name, gm := range g.gone {
-		switch {
-		case seen[name]:
-			delete(g.gone, name) // back again
-		case time.Since(gm.at) > forgetAfter:
-			delete(g.gone, name)
-		default:
-			out = append(out, gm.m)
+	out := make([]Member, 0, len(g.members))
+	for name, k := range g.members {
+		if !k.goneAt.IsZero() && time.Since(k.goneAt) > forgetAfter {
+			delete(g.members, name)
+			continue
 		}
+		out = append(out, k.m)
 	}
 	g.mu.Unlock()
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
@@ -183,16 +179,7 @@ func (g *Gossip) Members() []Member {
 
 func toMember(n *memberlist.Node) Member {
 	md := decodeMeta(n.Meta)
-	st := StateAlive
-	switch n.State {
-	case memberlist.StateSuspect:
-		st = StateSuspect
-	case memberlist.StateDead:
-		st = StateDead
-	case memberlist.StateLeft:
-		st = StateLeft
-	}
-	return Member{Name: n.Name, GossipAddress: n.Address(), HTTPAddress: md.HTTP, State: st, Protocol: md.Protocol, Draining: md.Draining}
+	return Member{Name: n.Name, GossipAddress: n.Address(), HTTPAddress: md.HTTP, State: StateAlive, Protocol: md.Protocol, Draining: md.Draining}
 }
 
 // Tried is closed once the node has tried its seeds the first time, joined
@@ -314,28 +301,28 @@ func (d *metaDelegate) GetBroadcasts(overhead, limit int) [][]byte { return nil 
 func (d *metaDelegate) LocalState(join bool) []byte                { return nil }
 func (d *metaDelegate) MergeRemoteState(buf []byte, join bool)     {}
 
-// eventDelegate records departures and signals; it never blocks.
+// eventDelegate records members and signals; it never blocks.
 type eventDelegate struct{ g *Gossip }
 
-func (d *eventDelegate) NotifyJoin(n *memberlist.Node) {
-	d.g.mu.Lock()
-	delete(d.g.gone, n.Name)
-	d.g.mu.Unlock()
-	d.g.signal()
-}
+func (d *eventDelegate) NotifyJoin(n *memberlist.Node)   { d.g.record(toMember(n), false) }
+func (d *eventDelegate) NotifyUpdate(n *memberlist.Node) { d.g.record(toMember(n), false) }
+func (d *eventDelegate) NotifyLeave(n *memberlist.Node)  { d.g.record(toMember(n), true) }
 
-func (d *eventDelegate) NotifyLeave(n *memberlist.Node) {
-	m := toMember(n)
-	if m.State != StateLeft {
-		m.State = StateDead
+func (g *Gossip) record(m Member, gone bool) {
+	g.mu.Lock()
+	k := known{m: m}
+	if gone {
+		prev := g.members[m.Name].m
+		k.m.State = StateDead
+		if prev.Draining || m.Draining {
+			k.m.State = StateLeft
+		}
+		k.goneAt = time.Now()
 	}
-	d.g.mu.Lock()
-	d.g.gone[n.Name] = goneMember{m: m, at: time.Now()}
-	d.g.mu.Unlock()
-	d.g.signal()
+	g.members[m.Name] = k
+	g.mu.Unlock()
+	g.signal()
 }
-
-func (d *eventDelegate) NotifyUpdate(*memberlist.Node) { d.g.signal() }
 
 // logWriter turns memberlist's "[LEVEL] memberlist: ..." lines into zap
 // entries at that level.
