@@ -7,15 +7,21 @@
 //	idle ----------> claiming --------------------> owned (engine running)
 //	 ^                 |  ^  conflict / store error     |
 //	 |                 |  +--- retry with backoff       | no longer wanted, or
-//	 |                 | no longer wanted               | fenced out (engine Lost)
-//	 +-----------------+                                v
-//	 +------------------------------------------- releasing: stop engine
-//	                                               (drain callbacks), release
-//	                                               the claim if still held
+//	 |                 |  +--- live owner: wait for     | fenced out (engine Lost)
+//	 |                 |       its release (bounded)    v
+//	 |                 | no longer wanted          releasing: stop engine
+//	 +-----------------+                           (drain callbacks), release
+//	 +-------------------------------------------- the claim if still held
 //
-// "Want" comes from the Assigner: the node that should own a shard given the
-// current membership. On a single node every shard is wanted; the gossip
-// cluster only changes the Assigner.
+// "Want" comes from the Assigner: Rendezvous hashing over the eligible
+// members (live, not draining) of this node's membership view, which Follow
+// keeps current. On a single node every shard is wanted.
+//
+// Handoff: when the assignment moves a shard from A to B, A stops wanting it
+// and releases it once its engine has drained; B, seeing A still live and
+// named as owner, waits for that release (up to HandoffTimeout) and then
+// claims. If A is dead, B claims at once. Either way B's claim increments the
+// version, so whatever A still tries to write is fenced out.
 //
 // Invariants:
 //  1. An engine runs only for a shard this node claimed, with the version it
@@ -27,4 +33,8 @@
 //     unpublished shards get ErrShardUnavailable and are retried by clients.
 //  4. A shard is released (owner cleared) only after its engine stopped, and
 //     only if the claim is still ours: releasing never disturbs a newer owner.
+//  5. Two nodes that briefly both want a shard (views not yet converged) are
+//     resolved by the version: each claim fences the previous claimer, whose
+//     engine stops at its next write; acknowledged timers are never lost,
+//     only possibly fired again (at-least-once).
 package ownership
