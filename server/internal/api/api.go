@@ -100,6 +100,7 @@ func New(opts Options) *echo.Echo {
 	e.POST("/api/v1/timers/get", s.get)
 	e.POST("/api/v1/timers/update", s.update)
 	e.POST("/api/v1/timers/delete", s.delete)
+	e.GET("/api/v1/cluster", s.cluster)
 	return e
 }
 

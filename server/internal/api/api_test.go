@@ -695,7 +695,7 @@ func TestUnknownRoutes(t *testing.T) {
 		{http.MethodPost, "/api/v1/timers/list", http.StatusNotFound, CodeNotFound},
 		{http.MethodGet, "/", http.StatusNotFound, CodeNotFound},
 		{http.MethodPost, "/api/v1/timers/create/", http.StatusNotFound, CodeNotFound},
-		{http.MethodGet, "/api/v1/cluster", http.StatusNotFound, CodeNotFound},
+		{http.MethodPost, "/api/v1/cluster", http.StatusMethodNotAllowed, CodeMethodNotAllowed},
 		{http.MethodGet, pathCreate, http.StatusMethodNotAllowed, CodeMethodNotAllowed},
 		{http.MethodPut, pathUpdate, http.StatusMethodNotAllowed, CodeMethodNotAllowed},
 		{http.MethodDelete, pathDelete, http.StatusMethodNotAllowed, CodeMethodNotAllowed},

@@ -25,6 +25,17 @@ type fakeService struct {
 	created  []*timer.Timer
 	patches  []timer.Patch
 	keys     []timer.Key
+	// forwarded records, per Create call, whether its ctx was marked as
+	// serving a forwarded call.
+	forwarded []bool
+	// Forward's answer and what it was asked to send.
+	relay      *routing.Relayed
+	relayErr   error
+	sentTo     *routing.NotLocalError
+	sentPath   string
+	sentBody   []byte
+	clusterV   *routing.ClusterView
+	clusterErr error
 }
 
 var _ routing.Service = (*fakeService)(nil)
@@ -38,10 +49,11 @@ func (f *fakeService) record(call string) error {
 	return f.err
 }
 
-func (f *fakeService) Create(_ context.Context, t *timer.Timer) (*timer.Timer, error) {
+func (f *fakeService) Create(ctx context.Context, t *timer.Timer) (*timer.Timer, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.created = append(f.created, t.Clone())
+	f.forwarded = append(f.forwarded, routing.IsForwarded(ctx))
 	if err := f.record("Create"); err != nil {
 		return nil, err
 	}
@@ -98,6 +110,19 @@ func (f *fakeService) Delete(_ context.Context, key timer.Key) error {
 	}
 	delete(f.timers, key)
 	return nil
+}
+
+func (f *fakeService) Forward(_ context.Context, to *routing.NotLocalError, path string, body []byte) (*routing.Relayed, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.sentTo, f.sentPath, f.sentBody = to, path, append([]byte(nil), body...)
+	return f.relay, f.relayErr
+}
+
+func (f *fakeService) Cluster(context.Context) (*routing.ClusterView, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.clusterV, f.clusterErr
 }
 
 func (f *fakeService) Ready(context.Context) error {

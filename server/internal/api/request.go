@@ -174,6 +174,7 @@ func (s *server) decodeBody(c echo.Context, dst any) error {
 	if int64(len(body)) > s.maxBodyBytes {
 		return s.payloadTooLarge()
 	}
+	c.Set(rawBodyKey, body) // forwarded as is if another node owns the shard
 
 	// Names first: a misspelt name must not surface as a type error of the
 	// field it was matched to case-insensitively.

@@ -40,8 +40,7 @@ func TestSpecIsValid(t *testing.T) {
 	require.Equal(t, "3.0.3", doc.OpenAPI)
 	require.Equal(t, "1.0.0", doc.Info.Version)
 
-	// Every route the server has, and nothing else (a later issue adds
-	// /api/v1/cluster to both).
+	// Every route the server has, and nothing else.
 	b := setup(t)
 	var served []string
 	for _, r := range b.e.Routes() {
@@ -166,7 +165,20 @@ func TestSpecConformance(t *testing.T) {
 		// Routes the spec does not have.
 		{name: "unknown path", method: http.MethodPost, path: "/api/v1/timers/list", body: validKey, status: 404},
 		{name: "unknown method", method: http.MethodGet, path: pathCreate, status: 405},
-		{name: "cluster is not there yet", method: http.MethodGet, path: "/api/v1/cluster", status: 404},
+
+		// The cluster.
+		{name: "cluster view", method: http.MethodGet, path: "/api/v1/cluster", status: 200, valid: true, prepare: func(b *bundle) { b.svc.clusterV = sampleCluster() }},
+		{name: "cluster view fails", method: http.MethodGet, path: "/api/v1/cluster", status: 500, valid: true, prepare: func(b *bundle) { b.svc.clusterErr = errors.New("store down") }},
+		{name: "forwarded create", method: http.MethodPost, path: pathCreate, body: validCreate, headers: []string{routing.ForwardedHeader, "node-b"}, status: 200, valid: true},
+		{name: "create relayed from the owner", method: http.MethodPost, path: pathCreate, body: validCreate, status: 200, valid: true, prepare: func(b *bundle) {
+			b.svc.setErr(&routing.NotLocalError{Node: "node-b", HTTPAddress: "10.0.0.2:8080"})
+			b.svc.relay = &routing.Relayed{Status: 200, Header: http.Header{"Content-Type": {"application/json"}}, Body: []byte(relayedTimerJSON)}
+		}},
+		{name: "delete relayed 503", method: http.MethodPost, path: pathDelete, body: validKey, status: 503, valid: true, prepare: func(b *bundle) {
+			b.svc.setErr(&routing.NotLocalError{Node: "node-b", HTTPAddress: "10.0.0.2:8080"})
+			b.svc.relay = &routing.Relayed{Status: 503, Header: http.Header{"Content-Type": {"application/json"}, "Retry-After": {"1"}},
+				Body: []byte(`{"error":"SHARD_UNAVAILABLE","message":"moving","timestamp":"2026-02-20T14:31:07.120Z"}`)}
+		}},
 	}
 
 	for _, tc := range cases {

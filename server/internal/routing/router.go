@@ -70,7 +70,7 @@ func (r *Router) engine(ctx context.Context, k timer.Key) (*engine.Shard, error)
 	if e, ok := r.owners.Engine(sk); ok {
 		return e, nil
 	}
-	if isForwarded(ctx) {
+	if IsForwarded(ctx) {
 		return nil, ErrShardUnavailable // one hop at most
 	}
 	owner := r.assigner.Owner(sk)

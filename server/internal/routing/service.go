@@ -64,7 +64,8 @@ func WithForwarded(ctx context.Context) context.Context {
 	return context.WithValue(ctx, forwardedKey{}, true)
 }
 
-func isForwarded(ctx context.Context) bool {
+// IsForwarded reports whether ctx serves a forwarded call.
+func IsForwarded(ctx context.Context) bool {
 	v, _ := ctx.Value(forwardedKey{}).(bool)
 	return v
 }
