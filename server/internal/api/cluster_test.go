@@ -110,4 +110,3 @@ func TestBadInputIsNeverForwarded(t *testing.T) {
 	requireError(t, rec, http.StatusBadRequest, CodeInvalidInput)
 	require.Nil(t, b.svc.sentTo)
 }
-
