@@ -219,7 +219,7 @@ func startMembership(cfg *config.Config, httpAddr *net.TCPAddr, log *zap.Logger)
 	g, err := membership.StartGossip(membership.GossipConfig{
 		NodeName: c.NodeName, BindAddress: c.BindAddress, AdvertiseAddress: c.AdvertiseAddress,
 		HTTPAddress: httpAdvertise, Seeds: c.Seeds, DefaultPort: port,
-		ProbeInterval: c.ProbeInterval, ProbeTimeout: c.ProbeTimeout, SuspicionMult: c.SuspicionMult,
+		ProbeInterval: c.ProbeInterval, ProbeTimeout: c.ProbeTimeout, SuspicionMult: c.SuspicionMult, SuspicionMaxTimeoutMult: c.SuspicionMaxMult,
 		GossipInterval: c.GossipInterval, PushPullInterval: c.PushPullInterval,
 		Logger: log.Named("membership"),
 	})

@@ -107,6 +107,7 @@ type Cluster struct {
 	ProbeInterval        time.Duration `mapstructure:"probe_interval"`
 	ProbeTimeout         time.Duration `mapstructure:"probe_timeout"`
 	SuspicionMult        int           `mapstructure:"suspicion_mult"`
+	SuspicionMaxMult     int           `mapstructure:"suspicion_max_timeout_mult"`
 	GossipInterval       time.Duration `mapstructure:"gossip_interval"`
 	PushPullInterval     time.Duration `mapstructure:"push_pull_interval"`
 	HandoffTimeout       time.Duration `mapstructure:"handoff_timeout"`
@@ -162,6 +163,7 @@ var defaults = map[string]any{
 	"cluster.probe_interval":               "500ms",
 	"cluster.probe_timeout":                "250ms",
 	"cluster.suspicion_mult":               3,
+	"cluster.suspicion_max_timeout_mult":   2,
 	"cluster.gossip_interval":              "100ms",
 	"cluster.push_pull_interval":           "15s",
 	"cluster.handoff_timeout":              "5s",
@@ -363,6 +365,9 @@ func (c *Config) Validate() error {
 	positive("cluster.handoff_timeout", cl.HandoffTimeout)
 	if cl.ProbeTimeout >= cl.ProbeInterval {
 		bad("cluster.probe_timeout", "must be less than cluster.probe_interval (%s), got %s", cl.ProbeInterval, cl.ProbeTimeout)
+	}
+	if cl.SuspicionMaxMult < 1 {
+		bad("cluster.suspicion_max_timeout_mult", "must be at least 1, got %d", cl.SuspicionMaxMult)
 	}
 	if cl.SuspicionMult < 1 {
 		bad("cluster.suspicion_mult", "must be at least 1, got %d", cl.SuspicionMult)

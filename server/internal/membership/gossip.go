@@ -30,12 +30,15 @@ type GossipConfig struct {
 	// list them (a Kubernetes headless service).
 	Seeds []string
 	// DefaultPort is used for seeds given without one.
-	DefaultPort      int
-	ProbeInterval    time.Duration
-	ProbeTimeout     time.Duration
-	SuspicionMult    int
-	GossipInterval   time.Duration
-	PushPullInterval time.Duration
+	DefaultPort   int
+	ProbeInterval time.Duration
+	ProbeTimeout  time.Duration
+	SuspicionMult int
+	// SuspicionMaxTimeoutMult bounds the suspicion timeout when no peer
+	// confirms it (small clusters): SuspicionMaxTimeoutMult times the base.
+	SuspicionMaxTimeoutMult int
+	GossipInterval          time.Duration
+	PushPullInterval        time.Duration
 	// RetryJoinInterval: while a node knows no peer it retries the seeds.
 	RetryJoinInterval time.Duration
 	Logger            *zap.Logger
@@ -110,6 +113,9 @@ func StartGossip(cfg GossipConfig) (*Gossip, error) {
 	}
 	if cfg.SuspicionMult > 0 {
 		mc.SuspicionMult = cfg.SuspicionMult
+	}
+	if cfg.SuspicionMaxTimeoutMult > 0 {
+		mc.SuspicionMaxTimeoutMult = cfg.SuspicionMaxTimeoutMult
 	}
 	if cfg.GossipInterval > 0 {
 		mc.GossipInterval = cfg.GossipInterval
