@@ -5,7 +5,7 @@ GO ?= go
 BIN := bin/dtimer-server
 PG := scripts/testdb/postgres.sh
 
-.PHONY: build run migrate test test-all vet fmt-check testdb-start testdb-stop clean
+.PHONY: build run migrate test test-all test-cluster vet testdb-start testdb-stop clean
 
 build: ## build bin/dtimer-server
 	$(GO) build -o $(BIN) ./server/cmd/dtimer-server
@@ -33,6 +33,10 @@ test-all: vet testdb-start ## every suite on every driver against real servers, 
 	cd server && DTIMER_TEST_REQUIRE_ALL_DRIVERS=1 \
 		DTIMER_TEST_POSTGRES_URL=$$(../$(PG) url) \
 		$(GO) test -race -count=1 -timeout 20m ./...
+
+test-cluster: testdb-start ## the cluster chaos test alone: 3-4 nodes on one PostgreSQL, kill -9, SIGTERM, join
+	cd server && DTIMER_TEST_POSTGRES_URL=$$(../$(PG) url) \
+		$(GO) test -count=1 -v -run 'TestClusterChaos' ./e2e/
 
 clean:
 	rm -rf bin data .testdb

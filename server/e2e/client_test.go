@@ -93,6 +93,11 @@ type response struct {
 // is a []byte or a string, else marshalled. It reports transport errors
 // instead of failing, so that goroutines other than the test's can use it.
 func (s *server) do(method, path, contentType string, body any) (response, error) {
+	return request(s.URL, method, path, contentType, body)
+}
+
+// request is do on the server at base URL.
+func request(base, method, path, contentType string, body any) (response, error) {
 	var raw []byte
 	switch b := body.(type) {
 	case nil:
@@ -106,7 +111,7 @@ func (s *server) do(method, path, contentType string, body any) (response, error
 			return response{}, err
 		}
 	}
-	req, err := http.NewRequest(method, s.URL+path, bytes.NewReader(raw))
+	req, err := http.NewRequest(method, base+path, bytes.NewReader(raw))
 	if err != nil {
 		return response{}, err
 	}

@@ -197,6 +197,13 @@ func nodeName(t *testing.T) string {
 // failed.
 func startServer(t *testing.T, d driver, env ...string) *server {
 	t.Helper()
+	return startNode(t, d.store(t), env...)
+}
+
+// startNode starts a server on the store that storeEnv configures (several
+// nodes of a cluster share one), with env added to serverEnv after it.
+func startNode(t *testing.T, storeEnv []string, env ...string) *server {
+	t.Helper()
 	s := &server{t: t, dir: t.TempDir(), logs: &logSink{}}
 	// Inherit the environment but none of the caller's DTIMER_ settings: the
 	// test decides the whole configuration.
@@ -206,7 +213,7 @@ func startServer(t *testing.T, d driver, env ...string) *server {
 		}
 	}
 	s.env = append(s.env, serverEnv(t)...)
-	s.env = append(s.env, d.store(t)...)
+	s.env = append(s.env, storeEnv...)
 	s.env = append(s.env, env...)
 	// Registered before the stop below, so that it runs after it and the
 	// dump includes the shutdown.
