@@ -46,7 +46,7 @@ type Config struct {
 	// live is claimed only once that owner released it, or after
 	// HandoffTimeout: the owner's callbacks in flight then finish and persist
 	// their outcomes under its claim. Nil: every other owner is taken over
-	// at once.
+	// at once, unless it just fenced this node out (see claim).
 	IsLive         func(node string) bool
 	HandoffTimeout time.Duration
 }
@@ -177,6 +177,7 @@ func (c *Controller) wanted(k store.ShardKey) (bool, <-chan struct{}) {
 // work is the state machine of one shard (doc.go).
 func (c *Controller) work(ctx context.Context, k store.ShardKey) {
 	log := c.log.With(zap.String("namespace", k.Namespace), zap.Int("shard", k.Shard))
+	fencedOut := false // the last engine was stopped by a newer claim
 	for {
 		want, changed := c.wanted(k)
 		if !want {
@@ -188,7 +189,7 @@ func (c *Controller) work(ctx context.Context, k store.ShardKey) {
 			}
 		}
 		wantedAt := c.clock.Now()
-		fence, ok := c.claim(ctx, k, log)
+		fence, ok := c.claim(ctx, k, fencedOut, log)
 		if !ok {
 			if ctx.Err() != nil {
 				return
@@ -220,6 +221,7 @@ func (c *Controller) work(ctx context.Context, k store.ShardKey) {
 		}
 		c.unpublish(k)
 		c.release(eng, lost, log)
+		fencedOut = lost
 		if ctx.Err() != nil {
 			return
 		}
@@ -227,8 +229,12 @@ func (c *Controller) work(ctx context.Context, k store.ShardKey) {
 }
 
 // claim takes the shard at the version after the one it reads, retrying
-// with backoff, for as long as the shard is wanted.
-func (c *Controller) claim(ctx context.Context, k store.ShardKey, log *zap.Logger) (store.Fence, bool) {
+// with backoff, for as long as the shard is wanted. Another node's claim is
+// respected for up to HandoffTimeout when that node is live, or when it has
+// just fenced this one out: a node it cannot see (a partition, or views not
+// yet converged) would otherwise be fenced back at once, and the two would
+// take the shard from each other at the rate of their writes.
+func (c *Controller) claim(ctx context.Context, k store.ShardKey, fencedOut bool, log *zap.Logger) (store.Fence, bool) {
 	var waitingSince time.Time
 	for failures := 0; ; failures++ {
 		if want, _ := c.wanted(k); !want || ctx.Err() != nil {
@@ -239,7 +245,7 @@ func (c *Controller) claim(ctx context.Context, k store.ShardKey, log *zap.Logge
 		switch {
 		case err == nil:
 			prev = sh.Version
-			if sh.Owner != "" && sh.Owner != c.cfg.Node && c.cfg.IsLive != nil && c.cfg.IsLive(sh.Owner) {
+			if sh.Owner != "" && sh.Owner != c.cfg.Node && (fencedOut || c.cfg.IsLive != nil && c.cfg.IsLive(sh.Owner)) {
 				if waitingSince.IsZero() {
 					waitingSince = c.clock.Now()
 				}
@@ -250,8 +256,8 @@ func (c *Controller) claim(ctx context.Context, k store.ShardKey, log *zap.Logge
 					}
 					continue
 				}
-				log.Warn("live owner did not release the shard in time; taking it over",
-					zap.String("owner", sh.Owner), zap.Duration("waited", c.clock.Since(waitingSince)))
+				log.Warn("owner did not release the shard in time; taking it over",
+					zap.String("owner", sh.Owner), zap.Bool("fencedOut", fencedOut), zap.Duration("waited", c.clock.Since(waitingSince)))
 			}
 		case errors.Is(err, store.ErrShardNotFound):
 		default:

@@ -23,6 +23,12 @@
 // claims. If A is dead, B claims at once. Either way B's claim increments the
 // version, so whatever A still tries to write is fenced out.
 //
+// A node fenced out of a shard it still wants (a node it cannot see claimed
+// it: a partition, or views not yet converged) waits up to HandoffTimeout
+// for that claimer to release it before claiming it back. Two sides of a
+// partition thus hold a shard in turns of about HandoffTimeout instead of
+// fencing each other at every write.
+//
 // Invariants:
 //  1. An engine runs only for a shard this node claimed, with the version it
 //     claimed; its writes are fenced by that version.
