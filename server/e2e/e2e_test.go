@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -668,4 +669,25 @@ func TestGracefulShutdown(t *testing.T) {
 		rcv.await(t, control, 1, callbackTimeout)
 		rcv.never(t, "inflight", 2, time.Now().Add(time.Second))
 	})
+}
+
+// TestHealthcheckCommand: `dtimer-server healthcheck`, what container images
+// without curl use, exits 0 while the node serves and non-zero once it
+// stopped.
+func TestHealthcheckCommand(t *testing.T) {
+	t.Parallel()
+	srv := startServer(t, drivers[0])
+	check := func(args ...string) error {
+		cmd := exec.Command(serverBin, append([]string{"healthcheck"}, args...)...)
+		cmd.Env = []string{"DTIMER_HTTP_ADDRESS=" + strings.TrimPrefix(srv.URL, "http://")}
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("%w: %s", err, out)
+		}
+		return nil
+	}
+	require.NoError(t, check())
+	require.NoError(t, check("--ready"))
+	srv.stop()
+	require.ErrorContains(t, check(), "connection refused")
 }
