@@ -4,6 +4,7 @@ SHELL := /bin/bash
 GO ?= go
 BIN := bin/dtimer-server
 PG := scripts/testdb/postgres.sh
+TESTDB := scripts/testdb/all.sh
 
 .PHONY: build run migrate test test-all test-cluster vet testdb-start testdb-stop clean
 
@@ -23,18 +24,18 @@ vet: ## go vet, and gofmt must have nothing to say
 	cd server && $(GO) vet ./...
 	@out=$$(gofmt -l server); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 
-testdb-start: ## start the test database servers (installs them with apt if missing)
-	$(PG) start
+testdb-start: ## start every test database server (installs what is missing; TESTDBS="postgres mysql" picks some)
+	$(TESTDB) start
 
 testdb-stop:
-	$(PG) stop
+	$(TESTDB) stop
 
 test-all: vet testdb-start ## every suite on every driver against real servers, with the race detector
-	cd server && DTIMER_TEST_REQUIRE_ALL_DRIVERS=1 \
-		DTIMER_TEST_POSTGRES_URL=$$(../$(PG) url) \
-		$(GO) test -race -count=1 -timeout 20m ./...
+	cd server && env DTIMER_TEST_REQUIRE_ALL_DRIVERS=1 $$(../$(TESTDB) env) \
+		$(GO) test -race -count=1 -timeout 30m ./...
 
-test-cluster: testdb-start ## the cluster chaos test alone: 3-4 nodes on one PostgreSQL, kill -9, SIGTERM, join
+test-cluster: ## the cluster chaos test alone: 3-4 nodes on one PostgreSQL, kill -9, SIGTERM, join
+	$(PG) start
 	cd server && DTIMER_TEST_POSTGRES_URL=$$(../$(PG) url) \
 		$(GO) test -count=1 -v -run 'TestClusterChaos' ./e2e/
 

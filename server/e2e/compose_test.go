@@ -19,8 +19,13 @@ import (
 // the services expected, dependencies that exist, no host port used twice,
 // and dtimer's environment made only of real config keys that validate.
 var composeFiles = map[string][]string{
-	"compose.sqlite.yaml":   nil,
-	"compose.postgres.yaml": {"postgres"},
+	"compose.sqlite.yaml":    nil,
+	"compose.postgres.yaml":  {"postgres"},
+	"compose.mysql.yaml":     {"mysql"},
+	"compose.mongodb.yaml":   {"mongodb"},
+	"compose.dynamodb.yaml":  {"dynamodb"},
+	"compose.cassandra.yaml": {"cassandra"},
+	"compose.all.yaml":       {"postgres", "mysql", "mongodb", "dynamodb", "cassandra"},
 }
 
 type composeFile struct {
@@ -72,8 +77,11 @@ func TestComposeFiles(t *testing.T) {
 			dtimers := 0
 			for sname, s := range cf.Services {
 				require.True(t, s.Image != "" || s.Build != nil, "service %s has an image or a build", sname)
-				for dep := range s.DependsOn {
+				for dep, how := range s.DependsOn {
 					require.Contains(t, cf.Services, dep, "service %s depends on a service of the file", sname)
+					if m, ok := how.(map[string]any); ok && m["condition"] == "service_healthy" {
+						require.NotNil(t, cf.Services[dep].Healthcheck, "service %s waits for %s to be healthy, which has no healthcheck", sname, dep)
+					}
 				}
 				for _, p := range s.Ports {
 					host, _, ok := strings.Cut(p, ":")

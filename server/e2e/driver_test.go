@@ -20,11 +20,18 @@ type driver struct {
 	// test uses, and removes the store when the test ends. It skips the test
 	// when the driver's database server is not configured.
 	store func(t *testing.T) []string
+	// maxPayload, when not 0, is about the largest payload one row of the
+	// database holds, below the API's 1 MiB body limit: larger ones are
+	// refused with 413 PAYLOAD_TOO_LARGE.
+	maxPayload int
 }
 
 var drivers = []driver{
 	{name: "sqlite", store: sqliteStore},
 	{name: "postgres", store: postgresStore},
+	{name: "mysql", store: mysqlStore},
+	{name: "dynamodb", store: dynamodbStore, maxPayload: 190 << 10},
+	{name: "cassandra", store: cassandraStore},
 }
 
 // forEachDriver runs fn as a subtest per driver, in parallel with other

@@ -24,8 +24,9 @@ func TestBurst(t *testing.T) {
 			clients = 32
 			warmup  = 320
 		)
-		// The load tests run alone: the postgres pool gets its default size.
-		srv, rcv := setup(t, d, "DTIMER_STORE_POSTGRES_MAX_CONNS=32")
+		// The load tests run alone: pools get their default sizes back.
+		srv, rcv := setup(t, d, "DTIMER_STORE_POSTGRES_MAX_CONNS=32", "DTIMER_STORE_MYSQL_MAX_CONNS=16",
+			"DTIMER_STORE_DYNAMODB_MAX_CONNS=64")
 
 		// All timers are due at one instant, which must come after the last
 		// create: estimate the create rate with timers far in the future

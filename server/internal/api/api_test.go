@@ -648,6 +648,7 @@ func TestServiceErrors(t *testing.T) {
 		mentions   []string
 	}{
 		{"timer not found", fmt.Errorf("get: %w", store.ErrTimerNotFound), http.StatusNotFound, CodeTimerNotFound, "", []string{`"invoice-42"`, `"billing"`}},
+		{"timer too large", fmt.Errorf("dynamodb: %w: encodes to 204800 bytes", store.ErrTimerTooLarge), http.StatusRequestEntityTooLarge, CodePayloadTooLarge, "", []string{`"invoice-42"`, "204800 bytes"}},
 		{"namespace not found", routing.ErrNamespaceNotFound, http.StatusBadRequest, CodeNamespaceNotFound, "", []string{`"billing"`}},
 		{"shard unavailable", fmt.Errorf("shard 3: %w", routing.ErrShardUnavailable), http.StatusServiceUnavailable, CodeShardUnavailable, "1", []string{"retry"}},
 		{"unknown error", errors.New("pq: password authentication failed for user dtimer"), http.StatusInternalServerError, CodeInternal, "", nil},

@@ -60,6 +60,12 @@ func serviceError(err error, key timer.Key) error {
 			code:    CodeTimerNotFound,
 			message: fmt.Sprintf("timer %q not found in namespace %q", key.ID, key.Namespace),
 		}
+	case errors.Is(err, store.ErrTimerTooLarge):
+		return &apiError{
+			status:  http.StatusRequestEntityTooLarge,
+			code:    CodePayloadTooLarge,
+			message: fmt.Sprintf("timer %q does not fit in one row of the store: %v", key.ID, err),
+		}
 	case errors.Is(err, routing.ErrNamespaceNotFound):
 		return &apiError{
 			status:  http.StatusBadRequest,

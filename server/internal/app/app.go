@@ -29,6 +29,10 @@ import (
 	"github.com/dtimer/dtimer/server/internal/ownership"
 	"github.com/dtimer/dtimer/server/internal/routing"
 	"github.com/dtimer/dtimer/server/internal/store"
+	"github.com/dtimer/dtimer/server/internal/store/cassandra"
+	"github.com/dtimer/dtimer/server/internal/store/dynamodb"
+	"github.com/dtimer/dtimer/server/internal/store/mongodb"
+	"github.com/dtimer/dtimer/server/internal/store/mysql"
 	"github.com/dtimer/dtimer/server/internal/store/postgres"
 	"github.com/dtimer/dtimer/server/internal/store/sqlite"
 )
@@ -40,6 +44,31 @@ func OpenStore(ctx context.Context, c config.Store) (store.Store, error) {
 		return sqlite.Open(sqlite.Config{Path: c.SQLite.Path, Synchronous: c.SQLite.Synchronous})
 	case "postgres":
 		return postgres.New(ctx, postgres.Config{URL: c.Postgres.URL, Schema: c.Postgres.Schema, MaxConns: c.Postgres.MaxConns})
+	case "mysql":
+		return mysql.New(ctx, mysql.Config{DSN: c.MySQL.DSN, MaxConns: c.MySQL.MaxConns})
+	case "mongodb":
+		m := c.MongoDB
+		return mongodb.New(ctx, mongodb.Config{
+			URI: m.URI, Database: m.Database, Collection: m.Collection, MaxPoolSize: m.MaxPoolSize,
+			WriteConcern: m.WriteConcern, ReadConcern: m.ReadConcern,
+		})
+	case "dynamodb":
+		d := c.DynamoDB
+		return dynamodb.New(ctx, dynamodb.Config{
+			Region: d.Region, Endpoint: d.Endpoint, Table: d.Table,
+			AccessKeyID: d.AccessKeyID, SecretAccessKey: d.SecretAccessKey,
+			BillingMode: d.BillingMode, ReadCapacity: d.ReadCapacity, WriteCapacity: d.WriteCapacity,
+			MaxConns: d.MaxConns,
+		})
+	case "cassandra":
+		cs := c.Cassandra
+		return cassandra.New(ctx, cassandra.Config{
+			Hosts: cs.Hosts, Port: cs.Port, Keyspace: cs.Keyspace, Table: cs.Table,
+			Username: cs.Username, Password: cs.Password,
+			Consistency: cs.Consistency, SerialConsistency: cs.SerialConsistency,
+			LocalDC: cs.LocalDC, Replication: cs.Replication,
+			Timeout: cs.Timeout, ConnectTimeout: cs.ConnectTimeout, NumConns: cs.NumConns,
+		})
 	}
 	return nil, fmt.Errorf("unknown store driver %q", c.Driver)
 }

@@ -43,10 +43,17 @@ type HTTP struct {
 
 // Store selects and configures the storage driver.
 type Store struct {
-	Driver   string   `mapstructure:"driver"`
-	SQLite   SQLite   `mapstructure:"sqlite"`
-	Postgres Postgres `mapstructure:"postgres"`
+	Driver    string    `mapstructure:"driver"`
+	SQLite    SQLite    `mapstructure:"sqlite"`
+	Postgres  Postgres  `mapstructure:"postgres"`
+	MySQL     MySQL     `mapstructure:"mysql"`
+	MongoDB   MongoDB   `mapstructure:"mongodb"`
+	DynamoDB  DynamoDB  `mapstructure:"dynamodb"`
+	Cassandra Cassandra `mapstructure:"cassandra"`
 }
+
+// Drivers lists the values of store.driver.
+var Drivers = []string{"sqlite", "postgres", "mysql", "mongodb", "dynamodb", "cassandra"}
 
 // SQLite configures the embedded driver.
 type SQLite struct {
@@ -59,6 +66,52 @@ type Postgres struct {
 	URL      string `mapstructure:"url"`
 	Schema   string `mapstructure:"schema"`
 	MaxConns int32  `mapstructure:"max_conns"`
+}
+
+// MySQL configures the MySQL/MariaDB driver.
+type MySQL struct {
+	DSN      string `mapstructure:"dsn"`
+	MaxConns int    `mapstructure:"max_conns"`
+}
+
+// MongoDB configures the MongoDB driver.
+type MongoDB struct {
+	URI          string `mapstructure:"uri"`
+	Database     string `mapstructure:"database"`
+	Collection   string `mapstructure:"collection"`
+	MaxPoolSize  uint64 `mapstructure:"max_pool_size"`
+	WriteConcern string `mapstructure:"write_concern"`
+	ReadConcern  string `mapstructure:"read_concern"`
+}
+
+// DynamoDB configures the DynamoDB driver.
+type DynamoDB struct {
+	Region          string `mapstructure:"region"`
+	Endpoint        string `mapstructure:"endpoint"`
+	Table           string `mapstructure:"table"`
+	AccessKeyID     string `mapstructure:"access_key_id"`
+	SecretAccessKey string `mapstructure:"secret_access_key"`
+	BillingMode     string `mapstructure:"billing_mode"`
+	ReadCapacity    int64  `mapstructure:"read_capacity"`
+	WriteCapacity   int64  `mapstructure:"write_capacity"`
+	MaxConns        int    `mapstructure:"max_conns"`
+}
+
+// Cassandra configures the Cassandra driver.
+type Cassandra struct {
+	Hosts             []string      `mapstructure:"hosts"`
+	Port              int           `mapstructure:"port"`
+	Keyspace          string        `mapstructure:"keyspace"`
+	Table             string        `mapstructure:"table"`
+	Username          string        `mapstructure:"username"`
+	Password          string        `mapstructure:"password"`
+	Consistency       string        `mapstructure:"consistency"`
+	SerialConsistency string        `mapstructure:"serial_consistency"`
+	LocalDC           string        `mapstructure:"local_dc"`
+	Replication       string        `mapstructure:"replication"`
+	Timeout           time.Duration `mapstructure:"timeout"`
+	ConnectTimeout    time.Duration `mapstructure:"connect_timeout"`
+	NumConns          int           `mapstructure:"num_conns"`
 }
 
 // Namespace is a namespace and its fixed shard count.
@@ -138,6 +191,36 @@ var defaults = map[string]any{
 	"store.postgres.url":                   "",
 	"store.postgres.schema":                "public",
 	"store.postgres.max_conns":             32,
+	"store.mysql.dsn":                      "",
+	"store.mysql.max_conns":                16,
+	"store.mongodb.uri":                    "",
+	"store.mongodb.database":               "dtimer",
+	"store.mongodb.collection":             "timers",
+	"store.mongodb.max_pool_size":          100,
+	"store.mongodb.write_concern":          "majority",
+	"store.mongodb.read_concern":           "majority",
+	"store.dynamodb.region":                "",
+	"store.dynamodb.endpoint":              "",
+	"store.dynamodb.table":                 "dtimer",
+	"store.dynamodb.access_key_id":         "",
+	"store.dynamodb.secret_access_key":     "",
+	"store.dynamodb.billing_mode":          "on_demand",
+	"store.dynamodb.read_capacity":         0,
+	"store.dynamodb.write_capacity":        0,
+	"store.dynamodb.max_conns":             64,
+	"store.cassandra.hosts":                "",
+	"store.cassandra.port":                 9042,
+	"store.cassandra.keyspace":             "dtimer",
+	"store.cassandra.table":                "timers",
+	"store.cassandra.username":             "",
+	"store.cassandra.password":             "",
+	"store.cassandra.consistency":          "LOCAL_QUORUM",
+	"store.cassandra.serial_consistency":   "LOCAL_SERIAL",
+	"store.cassandra.local_dc":             "",
+	"store.cassandra.replication":          "{'class': 'SimpleStrategy', 'replication_factor': 1}",
+	"store.cassandra.timeout":              "10s",
+	"store.cassandra.connect_timeout":      "10s",
+	"store.cassandra.num_conns":            2,
 	"namespaces":                           "default:16",
 	"engine.min_look_ahead":                "1s",
 	"engine.max_look_ahead":                "5m",
@@ -211,6 +294,12 @@ func Load(path string) (*Config, error) {
 	if err != nil {
 		return nil, fmt.Errorf("config: %w", err)
 	}
+	// "a, b" from an environment variable means "a" and "b".
+	for _, list := range [][]string{c.Cluster.Seeds, c.Store.Cassandra.Hosts} {
+		for i := range list {
+			list[i] = strings.TrimSpace(list[i])
+		}
+	}
 	if c.Cluster.NodeName == "" {
 		host, err := os.Hostname()
 		if err != nil || host == "" {
@@ -281,8 +370,85 @@ func (c *Config) Validate() error {
 		if c.Store.Postgres.MaxConns < 1 {
 			bad("store.postgres.max_conns", "must be at least 1, got %d", c.Store.Postgres.MaxConns)
 		}
+	case "mysql":
+		if c.Store.MySQL.DSN == "" {
+			bad("store.mysql.dsn", "must be set, e.g. user:password@tcp(host:3306)/dtimer")
+		}
+		if c.Store.MySQL.MaxConns < 1 {
+			bad("store.mysql.max_conns", "must be at least 1, got %d", c.Store.MySQL.MaxConns)
+		}
+	case "mongodb":
+		m := c.Store.MongoDB
+		if u, err := url.Parse(m.URI); m.URI == "" || err != nil || (u.Scheme != "mongodb" && u.Scheme != "mongodb+srv") {
+			bad("store.mongodb.uri", "must be a mongodb:// or mongodb+srv:// URI")
+		}
+		if m.Database == "" {
+			bad("store.mongodb.database", "must be set")
+		}
+		if m.Collection == "" {
+			bad("store.mongodb.collection", "must be set")
+		}
+		if m.MaxPoolSize < 1 {
+			bad("store.mongodb.max_pool_size", "must be at least 1, got %d", m.MaxPoolSize)
+		}
+		if _, err := strconv.Atoi(m.WriteConcern); err != nil && m.WriteConcern != "majority" {
+			bad("store.mongodb.write_concern", "must be majority or a number of members, got %q", m.WriteConcern)
+		}
+		switch m.ReadConcern {
+		case "majority", "local", "linearizable":
+		default:
+			bad("store.mongodb.read_concern", "must be majority, local or linearizable, got %q", m.ReadConcern)
+		}
+	case "dynamodb":
+		d := c.Store.DynamoDB
+		if d.Table == "" {
+			bad("store.dynamodb.table", "must be set")
+		}
+		if d.Endpoint != "" {
+			if u, err := url.Parse(d.Endpoint); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+				bad("store.dynamodb.endpoint", "%q must be an http:// or https:// URL", d.Endpoint)
+			}
+		}
+		if (d.AccessKeyID == "") != (d.SecretAccessKey == "") {
+			bad("store.dynamodb.access_key_id", "and store.dynamodb.secret_access_key must be set together")
+		}
+		switch d.BillingMode {
+		case "on_demand":
+		case "provisioned":
+			if d.ReadCapacity < 1 || d.WriteCapacity < 1 {
+				bad("store.dynamodb.billing_mode", "provisioned needs read_capacity and write_capacity of at least 1")
+			}
+		default:
+			bad("store.dynamodb.billing_mode", "must be on_demand or provisioned, got %q", d.BillingMode)
+		}
+		if d.MaxConns < 1 {
+			bad("store.dynamodb.max_conns", "must be at least 1, got %d", d.MaxConns)
+		}
+	case "cassandra":
+		cs := c.Store.Cassandra
+		if len(cs.Hosts) == 0 {
+			bad("store.cassandra.hosts", "must list at least one contact point")
+		}
+		if cs.Port < 1 || cs.Port > 65535 {
+			bad("store.cassandra.port", "must be between 1 and 65535, got %d", cs.Port)
+		}
+		if cs.Keyspace == "" {
+			bad("store.cassandra.keyspace", "must be set")
+		}
+		if cs.Table == "" {
+			bad("store.cassandra.table", "must be set")
+		}
+		if cs.Timeout <= 0 {
+			bad("store.cassandra.timeout", "must be positive, got %s", cs.Timeout)
+		}
+		if cs.ConnectTimeout <= 0 {
+			bad("store.cassandra.connect_timeout", "must be positive, got %s", cs.ConnectTimeout)
+		}
+		if cs.NumConns < 1 {
+			bad("store.cassandra.num_conns", "must be at least 1, got %d", cs.NumConns)
+		}
 	default:
-		bad("store.driver", "must be one of sqlite, postgres; got %q", c.Store.Driver)
+		bad("store.driver", "must be one of %s; got %q", strings.Join(Drivers, ", "), c.Store.Driver)
 	}
 	if len(c.Namespaces) == 0 {
 		bad("namespaces", "at least one namespace is required")

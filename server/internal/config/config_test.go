@@ -71,6 +71,14 @@ func TestNamespacesFromEnvironment(t *testing.T) {
 	require.Equal(t, []config.Namespace{{Name: "default", NumShards: 4}, {Name: "orders", NumShards: 32}}, c.Namespaces)
 }
 
+func TestCassandraHostsFromEnvironment(t *testing.T) {
+	t.Setenv("DTIMER_STORE_DRIVER", "cassandra")
+	t.Setenv("DTIMER_STORE_CASSANDRA_HOSTS", "cass-0.cass, cass-1.cass:9142")
+	c, err := config.Load("")
+	require.NoError(t, err)
+	require.Equal(t, []string{"cass-0.cass", "cass-1.cass:9142"}, c.Store.Cassandra.Hosts)
+}
+
 func TestInvalidConfigNamesTheKey(t *testing.T) {
 	for _, tc := range []struct {
 		env map[string]string
@@ -78,6 +86,13 @@ func TestInvalidConfigNamesTheKey(t *testing.T) {
 	}{
 		{map[string]string{"DTIMER_STORE_DRIVER": "oracle"}, "store.driver"},
 		{map[string]string{"DTIMER_STORE_DRIVER": "postgres"}, "store.postgres.url"},
+		{map[string]string{"DTIMER_STORE_DRIVER": "mysql"}, "store.mysql.dsn"},
+		{map[string]string{"DTIMER_STORE_DRIVER": "mongodb", "DTIMER_STORE_MONGODB_URI": "http://db:27017"}, "store.mongodb.uri"},
+		{map[string]string{"DTIMER_STORE_DRIVER": "mongodb", "DTIMER_STORE_MONGODB_URI": "mongodb://db", "DTIMER_STORE_MONGODB_READ_CONCERN": "snapshot"}, "store.mongodb.read_concern"},
+		{map[string]string{"DTIMER_STORE_DRIVER": "dynamodb", "DTIMER_STORE_DYNAMODB_ACCESS_KEY_ID": "AKIA"}, "store.dynamodb.access_key_id"},
+		{map[string]string{"DTIMER_STORE_DRIVER": "dynamodb", "DTIMER_STORE_DYNAMODB_BILLING_MODE": "provisioned"}, "store.dynamodb.billing_mode"},
+		{map[string]string{"DTIMER_STORE_DRIVER": "cassandra"}, "store.cassandra.hosts"},
+		{map[string]string{"DTIMER_STORE_DRIVER": "cassandra", "DTIMER_STORE_CASSANDRA_HOSTS": "db", "DTIMER_STORE_CASSANDRA_PORT": "0"}, "store.cassandra.port"},
 		{map[string]string{"DTIMER_HTTP_ADDRESS": "8080"}, "http.address"},
 		{map[string]string{"DTIMER_NAMESPACES": "default:0"}, "namespaces[0].num_shards"},
 		{map[string]string{"DTIMER_NAMESPACES": "a:1,a:2"}, "namespaces[1].name"},

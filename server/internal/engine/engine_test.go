@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -546,4 +547,35 @@ func TestTimerWrittenBehindFiredPrefixSurvivesRangeDelete(t *testing.T) {
 	require.NoError(t, err, "the running timer's row was range-deleted")
 	close(release)
 	require.Equal(t, "behind", h.next().id)
+}
+
+// refusingStore refuses to store timers whose id starts with "big", as a
+// driver does with a timer larger than its row limit.
+type refusingStore struct{ store.Store }
+
+func (s refusingStore) TimerCreate(ctx context.Context, f store.Fence, t *timer.Timer) error {
+	if strings.HasPrefix(t.ID, "big") {
+		return fmt.Errorf("driver: %w", store.ErrTimerTooLarge)
+	}
+	return s.Store.TimerCreate(ctx, f, t)
+}
+
+// A timer the store refused (nothing written) must not fire from memory,
+// and must not disturb the timer of the same id it would have replaced.
+func TestRefusedCreateNeverFires(t *testing.T) {
+	t.Parallel()
+	h := setup(t)
+	h.deps.Store = refusingStore{h.store}
+	e := h.start()
+	h.idle(1) // the window is loaded: a new timer due in it enters memory
+	_, err := e.Create(context.Background(), newTimer("big", t0.Add(time.Second)))
+	require.ErrorIs(t, err, store.ErrTimerTooLarge)
+	h.create(e, newTimer("keep", t0.Add(2*time.Second)))
+	h.idle(1)
+	h.clock.Advance(2 * time.Second)
+	require.Equal(t, "keep", h.next().id)
+	h.idle(1)
+	h.none()
+	_, err = h.store.TimerGet(context.Background(), h.shard, "big")
+	require.ErrorIs(t, err, store.ErrTimerNotFound)
 }

@@ -99,7 +99,8 @@ func (s *Shard) write(ctx context.Context, u uuid.UUID, next *timer.Timer, do fu
 	switch {
 	case err == nil:
 		s.settle(p, applied)
-	case errors.Is(err, store.ErrTimerNotFound):
+	case errors.Is(err, store.ErrTimerNotFound), errors.Is(err, store.ErrTimerTooLarge):
+		// Refused: nothing was written, and the new state must not fire.
 		s.settle(p, notApplied)
 	case errors.Is(err, store.ErrShardOwnershipLost):
 		s.settle(p, notApplied)

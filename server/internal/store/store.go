@@ -147,6 +147,10 @@ var (
 	// ErrShardOwnershipLost means the write's fence is stale: another claim
 	// happened. Nothing was written; the caller must stop acting as owner.
 	ErrShardOwnershipLost = errors.New("shard ownership lost")
+	// ErrTimerTooLarge means the timer does not fit in one row of the
+	// driver's database (DynamoDB's item limit is the smallest). Nothing was
+	// written.
+	ErrTimerTooLarge = errors.New("timer too large for the store")
 )
 
 // Row types of the unified table.
