@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Starts a throw-away MongoDB-compatible server (FerretDB v1 on SQLite) for
-# the MongoDB driver's tests, without Docker.
+# Starts a throw-away MongoDB-compatible server (FerretDB v1 on the
+# PostgreSQL test server) for the MongoDB driver's tests, without Docker.
 #
 #   scripts/testdb/mongodb.sh start    build FerretDB (first time) and start it; no-op if running
 #   scripts/testdb/mongodb.sh stop     stop it
@@ -19,8 +19,12 @@
 # FerretDB is built from the Go module proxy (`go install` of it fails: its
 # version file is generated), once; the binary is kept under the test
 # directory, so later starts take a second. It needs Go (1.22 or later) on
-# PATH. It has no authentication, no replica set and no transactions; every
-# database is one SQLite file. Do not point anything real at it.
+# PATH. It stores its data in the database dtimer_ferretdb of the PostgreSQL
+# test server (scripts/testdb/postgres.sh, started if needed). Its SQLite
+# handler needs nothing else but stalls under the tests' concurrent writes.
+# It has no authentication, no replica set and no transactions, and its
+# updates are not atomic (see docs/drivers/mongodb.md). Do not point anything
+# real at it.
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -30,8 +34,8 @@ base=${DTIMER_TESTDB_DIR:-$repo/.testdb}
 version=v1.24.0
 dir=$base/mongodb
 bin=$dir/bin/ferretdb-$version
-data=$dir/data
 state=$dir/state
+pgdb=dtimer_ferretdb
 pidfile=$dir/ferretdb.pid
 log=$dir/ferretdb.log
 
@@ -109,11 +113,25 @@ wait_ready() {
 	die "server did not answer within 30s; see $log"
 }
 
+# pg_url starts the PostgreSQL test server if needed, creates FerretDB's
+# database in it and prints its URL.
+pg_url() {
+	local url psql
+	"$repo/scripts/testdb/postgres.sh" start >&2
+	url=$("$repo/scripts/testdb/postgres.sh" url)
+	psql=$(ls /usr/lib/postgresql/*/bin/psql 2>/dev/null | sort -V | tail -n 1 || true)
+	[ -n "$psql" ] || psql=$(command -v psql) || die "psql not found"
+	if [ "$("$psql" "$url" -tAc "SELECT 1 FROM pg_database WHERE datname = '$pgdb'")" != 1 ]; then
+		"$psql" "$url" -qc "CREATE DATABASE $pgdb" >/dev/null
+	fi
+	echo "$url" | sed "s#/[^/?]*?#/$pgdb?#"
+}
+
 cmd_start() {
 	[ -x "$bin" ] || build_ferretdb
-	mkdir -p "$data" "$state"
+	mkdir -p "$state"
 	if running; then
-		say "already running ($data)"
+		say "already running"
 		return 0
 	fi
 	local p
@@ -121,17 +139,19 @@ cmd_start() {
 	if [ -n "$p" ] && kill -0 "$p" 2>/dev/null; then
 		# Started but not answering yet (another start in progress).
 		wait_ready "$p"
-		say "already running ($data)"
+		say "already running"
 		return 0
 	fi
+	local pg
+	pg=$(pg_url)
 	# Flags are given at every start, so that changed ports apply.
-	setsid "$bin" --handler=sqlite --sqlite-url="file:$data/" --state-dir="$state" \
+	setsid "$bin" --handler=postgresql --postgresql-url="$pg" --state-dir="$state" \
 		--listen-addr="127.0.0.1:$port" --debug-addr="127.0.0.1:$debug_port" \
-		--telemetry=disable --log-level=warn --log-format=text \
+		--telemetry=disable --log-level=error --log-format=text \
 		</dev/null >>"$log" 2>&1 &
 	echo $! >"$pidfile"
 	wait_ready $!
-	say "started on 127.0.0.1:$port ($data)"
+	say "started on 127.0.0.1:$port (data in PostgreSQL database $pgdb)"
 }
 
 cmd_stop() {
@@ -156,7 +176,7 @@ cmd_stop() {
 
 cmd_status() {
 	if running; then
-		say "running on 127.0.0.1:$port ($data)"
+		say "running on 127.0.0.1:$port"
 	else
 		say "not running"
 		exit 3

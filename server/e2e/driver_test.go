@@ -32,6 +32,7 @@ var drivers = []driver{
 	{name: "mysql", store: mysqlStore},
 	{name: "dynamodb", store: dynamodbStore, maxPayload: 190 << 10},
 	{name: "cassandra", store: cassandraStore},
+	{name: "mongodb", store: mongodbStore},
 }
 
 // forEachDriver runs fn as a subtest per driver, in parallel with other

@@ -67,7 +67,3 @@ func cassandraStore(t *testing.T) []string {
 		"DTIMER_STORE_CASSANDRA_CONNECT_TIMEOUT=30s",
 	}
 }
-
-// cassandraStore is wired into drivers by the lead; until then this keeps
-// the linters from calling it unused.
-var _ = cassandraStore

@@ -127,7 +127,6 @@ type api interface {
 // precision is that of the stored Unix milliseconds.
 const precision = time.Millisecond
 
-
 // tableName is DynamoDB's rule for table names.
 var tableName = regexp.MustCompile(`^[a-zA-Z0-9_.-]{3,255}$`)
 

@@ -77,9 +77,8 @@ func TestNewRejectsBadConfig(t *testing.T) {
 	}
 }
 
-// newDatabase returns a fresh database name, dropped when the test ends.
-// FerretDB keeps a database per SQLite file, so tests in databases of their
-// own also write in parallel.
+// newDatabase returns a fresh database name, dropped when the test ends, so
+// that tests run in parallel and leave nothing behind.
 func newDatabase(t *testing.T) string {
 	t.Helper()
 	uri := storetest.EnvOrSkip(t, uriEnv)

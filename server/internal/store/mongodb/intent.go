@@ -18,8 +18,8 @@ import (
 )
 
 // This file is the fenced-write protocol of the package doc: prepare intents,
-// commit on the shard document, apply, forget; and the settling of intents
-// that their writers left behind.
+// check the version and insert the decision, apply, forget; and the settling
+// of intents that their writers left behind.
 
 // cleanupTimeout bounds the steps a write takes after its caller's context
 // may be gone: removing its intents after a failed commit, applying them
@@ -53,26 +53,64 @@ func (w *write) byToken(id string) bson.D {
 	return bson.D{{Key: "_id", Value: id}, {Key: "intent.token", Value: w.token}}
 }
 
-// commit is the write's decision: it records the token on the shard
-// document if the shard still has the fence's version. ok is false when it
-// has not; err means the outcome is unknown.
+// commit is the write's decision. It first checks that the fence is still
+// current: a claim inserts its version before it looks for intents, so a
+// write that sees its own version here has its intents in place before any
+// later claim looks, and that claim will try to abort it. Then it inserts the
+// commit decision; a claim (or a settler) inserting an abort first makes it
+// fail. ok is false when the write was not committed; err means the outcome
+// is unknown.
 func (w *write) commit(ctx context.Context) (ok bool, err error) {
-	res, err := w.s.coll.UpdateOne(ctx,
-		bson.D{{Key: "_id", Value: shardDocID(w.key)}, {Key: "shard_version", Value: w.fence}},
-		bson.D{{Key: "$push", Value: bson.D{{Key: "commits", Value: w.token}}}})
-	if err != nil {
+	sh, err := w.s.ShardGet(ctx, w.key)
+	switch {
+	case errors.Is(err, store.ErrShardNotFound):
+		return false, nil
+	case err != nil:
 		return false, err
+	case sh.Version != w.fence:
+		return false, nil
 	}
-	return res.MatchedCount == 1, nil
+	return w.s.decide(ctx, w.key, w.token, true)
 }
 
-// forget removes the token from the shard's commits once every intent of the
-// write is applied. If it fails, the token stays until the next claim: a
-// token without intents is harmless.
+// decide inserts the decision on token: commit (by its writer) or abort (by
+// anyone else). It returns the decision that holds, whoever made it.
+func (s *Store) decide(ctx context.Context, key store.ShardKey, token string, commit bool) (committed bool, err error) {
+	d := decisionDoc{ID: decisionDocID(key, token), Namespace: key.Namespace, ShardID: int64(key.Shard), RowType: rowTypeDecision, Commit: commit}
+	for {
+		_, err = s.coll.InsertOne(ctx, d)
+		if err == nil {
+			return commit, nil
+		}
+		if !mongo.IsDuplicateKeyError(err) {
+			return false, err
+		}
+		// Decided already: by the other side, or by this side's earlier
+		// attempt.
+		var got decisionDoc
+		err = s.coll.FindOne(ctx, bson.D{{Key: "_id", Value: d.ID}}).Decode(&got)
+		if err == nil {
+			return got.Commit, nil
+		}
+		if !errors.Is(err, mongo.ErrNoDocuments) {
+			return false, err
+		}
+		// Decided, carried out and forgotten in between. Only the writer
+		// forgets an abort, once it has given up, and a commit is forgotten
+		// once applied, so: the writer meets its own commit (a retried
+		// insert), and anyone else may decide again.
+		if commit {
+			return true, nil
+		}
+	}
+}
+
+// forget removes the write's decision once it is carried out: every intent
+// applied, or (after an abort) the writer has given up, so that nothing can
+// insert a commit for its token any more. If it fails, the decision stays: a
+// decision without intents is harmless.
 func (w *write) forget(ctx context.Context) {
-	_, _ = w.s.coll.UpdateOne(ctx,
-		bson.D{{Key: "_id", Value: shardDocID(w.key)}},
-		bson.D{{Key: "$pull", Value: bson.D{{Key: "commits", Value: w.token}}}})
+	_, _ = w.s.coll.DeleteOne(ctx, bson.D{{Key: "_id", Value: decisionDocID(w.key, w.token)}})
 }
 
 // finish commits a prepared write and applies it (apply), or removes its
@@ -82,13 +120,15 @@ func (w *write) finish(ctx context.Context, op string, apply, abort func(ctx con
 	ok, err := w.commit(ctx)
 	if err != nil {
 		// The intents stay; whoever meets them next settles them by the
-		// commits list (see settle), this write being no longer in flight.
+		// decision (see settle), this write being no longer in flight.
 		return translate(op, err)
 	}
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	defer cancel()
 	if !ok {
-		if err := abort(cctx); err != nil {
+		err := abort(cctx)
+		w.forget(cctx)
+		if err != nil {
 			return fmt.Errorf("mongodb: %s: %w (and removing the write's intents failed: %v)", op, store.ErrShardOwnershipLost, err)
 		}
 		return fmt.Errorf("mongodb: %s: %w", op, store.ErrShardOwnershipLost)
@@ -163,35 +203,56 @@ func (w *write) prepareOne(ctx context.Context, id string, cond bson.D, in inten
 	}
 }
 
-// settle resolves an intent of another write that stands in the way: applies
-// it if it committed, removes it if it never can commit or its writer, in this
-// process, has returned; otherwise waits a little for its writer.
+// settle resolves an intent of another write that stands in the way. It
+// may decide the write (abort it, unless it committed) when the write can no
+// longer be running: its version is older than the shard's, or its writer, in
+// this process, has returned. Then it applies or removes the intents, as
+// decided. Otherwise it waits a little for the writer.
 func (s *Store) settle(ctx context.Context, key store.ShardKey, in *intentDoc, wait *backoff) error {
-	// Checked before the commits are read: a writer that is not in flight
-	// now cannot commit after we read them.
-	if in.Store == s.id {
+	mine := in.Store == s.id
+	// Checked before anything else: a writer that is not in flight now cannot
+	// insert its decision later.
+	if mine {
 		if _, running := s.inflight.Load(in.Token); running {
 			return wait.sleep(ctx)
 		}
 	}
-	var sh shardDoc
-	err := s.coll.FindOne(ctx, bson.D{{Key: "_id", Value: shardDocID(key)}}).Decode(&sh)
-	if err != nil && !errors.Is(err, mongo.ErrNoDocuments) {
-		return err
+	if !mine {
+		sh, err := s.ShardGet(ctx, key)
+		if err != nil && !errors.Is(err, store.ErrShardNotFound) {
+			return err
+		}
+		if err != nil || sh.Version <= in.Version {
+			return wait.sleep(ctx)
+		}
 	}
-	switch {
-	case slices.Contains(sh.Commits, in.Token):
-		return s.applyToken(ctx, key, in.Version, in.Token)
-	case in.Version < sh.Version || in.Store == s.id:
-		return s.abortToken(ctx, key, in.Version, in.Token)
-	}
-	return wait.sleep(ctx)
+	return s.resolve(ctx, key, in.Version, in.Token)
 }
 
-// settleOlder settles, for a claim of version v, every intent of an older
-// version: those whose token is in commits (read atomically with the claim)
-// are applied, the others removed; then those tokens are forgotten.
-func (s *Store) settleOlder(ctx context.Context, key store.ShardKey, v int64, commits []string) error {
+// resolve decides the write of token (an abort, unless it committed) and
+// carries the decision out.
+func (s *Store) resolve(ctx context.Context, key store.ShardKey, v int64, token string) error {
+	committed, err := s.decide(ctx, key, token, false)
+	if err != nil {
+		return err
+	}
+	if committed {
+		if err := s.applyToken(ctx, key, v, token); err != nil {
+			return err
+		}
+		// Applied: nobody needs the decision any more.
+		_, err = s.coll.DeleteOne(ctx, bson.D{{Key: "_id", Value: decisionDocID(key, token)}})
+		return err
+	}
+	// An abort stays until the writer, if alive, fails its commit on it and
+	// forgets it: removing it sooner would let a slow writer still commit.
+	return s.abortToken(ctx, key, v, token)
+}
+
+// settleOlder resolves, for a claim of version v, every intent of an older
+// version: a write that committed is applied, any other is aborted and its
+// intents removed.
+func (s *Store) settleOlder(ctx context.Context, key store.ShardKey, v int64) error {
 	cur, err := s.coll.Find(ctx,
 		append(partition(key), bson.E{Key: "intent.version", Value: bson.D{{Key: "$lt", Value: v}}}),
 		options.Find().SetProjection(bson.D{{Key: "intent.token", Value: 1}, {Key: "intent.version", Value: 1}}))
@@ -210,21 +271,11 @@ func (s *Store) settleOlder(ctx context.Context, key store.ShardKey, v int64, co
 			continue
 		}
 		seen[d.Intent.Token] = true
-		if slices.Contains(commits, d.Intent.Token) {
-			err = s.applyToken(ctx, key, d.Intent.Version, d.Intent.Token)
-		} else {
-			err = s.abortToken(ctx, key, d.Intent.Version, d.Intent.Token)
-		}
-		if err != nil {
+		if err := s.resolve(ctx, key, d.Intent.Version, d.Intent.Token); err != nil {
 			return err
 		}
 	}
-	if len(commits) > 0 {
-		_, err = s.coll.UpdateOne(ctx,
-			bson.D{{Key: "_id", Value: shardDocID(key)}},
-			bson.D{{Key: "$pullAll", Value: bson.D{{Key: "commits", Value: commits}}}})
-	}
-	return err
+	return nil
 }
 
 // applyToken applies every intent of a committed write, as its writer would.
@@ -352,7 +403,7 @@ func (s *Store) TimerDeleteRange(ctx context.Context, f store.Fence, p store.Tim
 		_, err := s.coll.UpdateMany(ctx, mine, bson.D{{Key: "$unset", Value: bson.D{{Key: "intent", Value: ""}}}})
 		return err
 	}
-	marked, err := s.markRange(ctx, w, rng, mine, abort)
+	marked, err := s.markRange(ctx, w, rng, abort)
 	if err != nil {
 		_ = abort(context.WithoutCancel(ctx))
 		return 0, translate(op, err)
@@ -370,13 +421,15 @@ func (s *Store) TimerDeleteRange(ctx context.Context, f store.Fence, p store.Tim
 // markRange puts the write's delete intent on every timer in rng and returns
 // how many it marked. A timer held by another write is settled; if that write
 // is still running, markRange lets go of its own marks before it waits, so
-// that two range deletes cannot wait for each other.
-func (s *Store) markRange(ctx context.Context, w *write, rng, mine bson.D, abort func(context.Context) error) (int64, error) {
+// that two range deletes cannot wait for each other. Timers that enter the
+// range after the marking come from writes that overlap this delete, which
+// may then be ordered after it.
+func (s *Store) markRange(ctx context.Context, w *write, rng bson.D, abort func(context.Context) error) (int64, error) {
 	var (
 		marked int64
 		wait   backoff
 	)
-	for rounds := 0; ; rounds++ {
+	for {
 		res, err := s.coll.UpdateMany(ctx,
 			with(rng, bson.E{Key: "intent", Value: bson.D{{Key: "$exists", Value: false}}}),
 			bson.D{{Key: "$set", Value: bson.D{{Key: "intent", Value: w.intent(nil)}}}})
@@ -384,17 +437,12 @@ func (s *Store) markRange(ctx context.Context, w *write, rng, mine bson.D, abort
 			return 0, err
 		}
 		marked += res.ModifiedCount
-		n, err := s.coll.CountDocuments(ctx, rng)
-		if err != nil {
-			return 0, err
-		}
-		if n == marked {
-			return marked, nil
-		}
 		foreign, blocked, err := s.settleRange(ctx, w, rng)
 		switch {
 		case err != nil:
 			return 0, err
+		case foreign == 0:
+			return marked, nil
 		case blocked:
 			if err := abort(ctx); err != nil {
 				return 0, err
@@ -402,14 +450,6 @@ func (s *Store) markRange(ctx context.Context, w *write, rng, mine bson.D, abort
 			marked = 0
 			if err := wait.sleep(ctx); err != nil {
 				return 0, err
-			}
-		case foreign == 0:
-			// Only timers nobody holds came into the range (creates of
-			// timers already due), or a claim removed our marks. Recount
-			// ours and mark the newcomers, a few times; creates that keep
-			// coming after that are ordered after this delete.
-			if marked, err = s.coll.CountDocuments(ctx, mine); err != nil || rounds >= 3 {
-				return marked, err
 			}
 		}
 	}

@@ -1,72 +1,108 @@
 // Package mongodb is the MongoDB store driver (go.mongodb.org/mongo-driver/v2).
 // It runs on MongoDB 4.2 or later, standalone, replica set or sharded, and on
-// FerretDB v1, which the tests use. It needs no multi-document transactions.
+// FerretDB v1, which the tests use. It uses no multi-document transactions.
 //
 // # Schema
 //
 // One collection holds every document of a deployment (see schema.go): per
-// shard partition (namespace, shard_id) one shard document and one document
-// per timer. The _id encodes (namespace, shard_id, timer_id) for a timer and
-// (namespace, shard_id) for a shard, so the unique key of the store contract
-// is the primary index: upserts and lookups by id are _id lookups, and two
-// racing first inserts of one id collide on it. An index on (namespace,
-// shard_id, row_type, execute_at, timer_uuid) serves the engine's window read
-// and range delete as one index range each: row_type 2 (pending) keeps shard
-// documents (1) and failed timers (3) out of that range.
+// shard partition (namespace, shard_id) one shard document per claimed
+// version, one document per timer, and the decisions of fenced writes in
+// flight. A timer's _id encodes (namespace, shard_id, timer_id), so the
+// unique key of the store contract is the primary index: upserts and lookups
+// by id are _id lookups, and two racing first inserts of one id collide on
+// it. An index on (namespace, shard_id, row_type, execute_at, timer_uuid)
+// serves the engine's window read and range delete as one index range each:
+// row_type 2 (pending) keeps every other document out of that range.
 //
-// # Fencing without transactions
+// # Atomicity it relies on
 //
-// MongoDB updates one document atomically, and a fenced write must be decided
-// atomically with the shard document's version, so every fenced write is
-// decided on the shard document itself, in four steps:
+// Only two operations are taken to be atomic: an insert that a unique _id
+// refuses, and a delete by _id. FerretDB v1 runs every update, findAndModify
+// included, as a read followed by an unconditional write by _id, so two
+// conditional updates of one document can both match (two claims of one
+// version both won, in this package's tests, before claims became inserts).
+// Hence claims and the decision of every fenced write are inserts.
 //
-//  1. Prepare: the write is recorded as an intent in each document it touches
-//     (an "intent" field holding a random token, the fence's version and the
-//     new state or a delete mark); a new timer gets a placeholder document
-//     (row_type 0) that holds only the intent. A document holds at most one
-//     intent. Readers never look at intents: they read the committed fields,
-//     and the window's index range never contains a placeholder.
-//  2. Commit: one update of the shard document, matching only if it still has
-//     the fence's version, pushes the token onto its "commits" list. This is
-//     the write's single decision point. If it does not match, the intents are
-//     removed and the write returns store.ErrShardOwnershipLost: nothing was
-//     ever visible.
-//  3. Apply: the committed intents replace (or delete) their documents,
-//     matching the token, so applying twice is harmless.
-//  4. The token is pulled from "commits".
+// # Claims
 //
-// A claim is a compare-and-set of the shard document's version; the commits
-// list it atomically sees holds exactly the writes that committed under an
-// older version and may not be applied yet. Before ShardClaim returns, it
-// applies their intents and removes every other intent of an older version.
-// That is what makes a stale owner harmless:
+// A claim of version v inserts the shard document of v, whose _id holds v:
+// of racing claims exactly one gets in, and none does once v exists.
+// Versions are never removed, so PrevVersion is current exactly when its
+// document exists and PrevVersion+1's does not. The shard is the highest
+// version's document; a release clears its owner.
 //
-//   - a write that returned success committed before the claim's
-//     compare-and-set (both are updates of the shard document, so they are
-//     ordered), and its intents were in place before it committed, so the
-//     claim found and applied any that were not applied yet: the new owner's
-//     window read, after the claim, sees every acknowledged write;
-//   - a write whose commit comes after the claim does not match the version
-//     and fails; its intents were never visible, whether the claim removed
-//     them or the writer did, so the new owner can load nothing that later
-//     disappears, and a range delete is all or nothing.
+// # Fenced writes
 //
-// A writer that finds another intent on a document it wants either waits for
-// its writer (same fence, still running) or settles it: applies it if its
-// token is in commits, removes it if its version is older than the shard's
-// (it can never commit) or if its writer, in this process, has returned. So
-// an intent left behind by an error is settled by the next writer of the
-// document, or by the next claim, and never blocks the shard.
+// A fenced write (token T, fence v) goes in four steps:
 //
-// The cost is four round trips per fenced write instead of one, and all
-// fenced writes of a shard serialise briefly on its shard document. Where
-// multi-document transactions exist they would not remove that: the
-// transaction would still have to write the shard document to conflict with
-// a claim. This driver does not use them.
+//  1. Prepare: it records itself as an intent in each document it touches
+//     (a field holding T, v and the new state or a delete mark); a new timer
+//     gets a placeholder document (row_type 0) holding only the intent. A
+//     document holds at most one intent. Readers never look at intents.
+//  2. Check and commit: it reads the shard's version; if it is not v, the
+//     write removes its intents and returns store.ErrShardOwnershipLost.
+//     Otherwise it inserts the decision document of T with commit=true.
+//  3. Apply: the intents replace (or delete) their documents, matching T,
+//     so applying twice is harmless.
+//  4. Forget: the decision document is deleted.
+//
+// A claim of version V, after inserting its shard document, looks for every
+// intent of a version below V and resolves its write: it inserts the decision
+// of its token with commit=false; if a commit was there first it applies the
+// intents, otherwise it removes them. Exactly one of the writer's commit and
+// the claim's abort gets in. That makes a stale owner harmless:
+//
+//   - a write that returned success read version v before the claim
+//     inserted V (versions only grow), so its intents were in place before
+//     the claim looked for them: the claim either aborted it first (then the
+//     writer's commit fails and it returns ErrShardOwnershipLost) or found
+//     its commit and applied it before returning. The new owner's window
+//     read, after the claim, sees every acknowledged write;
+//   - a write whose check comes after the claim's insert sees V and fails;
+//     one whose abort won fails. Their intents were never visible, so the
+//     new owner can load nothing that later disappears, and a range delete
+//     (all its intents decided by one token) is all or nothing.
+//
+// A writer that finds another write's intent on a document waits for it
+// while that write may still commit, or resolves it like a claim once it
+// cannot: its version is older than the shard's, or its writer, in this
+// process, has returned (the Store keeps its writes in flight). An intent
+// left behind by an error is resolved by the next writer of the document or
+// by the next claim, and never blocks the shard. An abort decision stays
+// until its writer, failing to commit on it, deletes it: removing it earlier
+// would let a slow writer still commit.
+//
+// Why not less: a fenced write that is a single update, checked against the
+// shard document before or after, cannot be fenced. Checked before, a claim
+// can come between check and write, and the stale write lands after the new
+// owner read its window. Checked after, the write is visible before it is
+// decided, the new owner may load it, and undoing it needs the state it
+// overwrote. Stamping timer documents with the version they were written
+// under stops a stale write from overwriting a newer owner's document, but
+// not a stale insert, and not the visibility of an undecided write. A
+// pending state decided atomically against the claim is the least that
+// works; the decision document is that, on one _id.
+//
+// Multi-document transactions would make each write one round trip on a
+// replica set, but FerretDB has none and a transaction would still have to
+// conflict with claims on a document both write; this driver does not use
+// them, even where the server supports them, so that one protocol is tested.
+//
+// The cost is five round trips per fenced write (six for a new timer):
+// prepare, version read, decision insert, apply, decision delete.
+//
+// On FerretDB v1 the steps that are conditional updates (setting an intent
+// only where there is none, applying or removing an intent only where it is
+// the write's) are not atomic either: the server matches on one read and
+// writes by _id. Two concurrent writes of one timer by one owner may then
+// both hold it, and both apply, in some order. And a writer's apply whose
+// match was read before a claim applied the same write could, in the instant
+// between its read and its write, overwrite a new owner's first write of
+// that timer. On MongoDB both are single atomic updates.
 //
 // Reads and writes go to the primary with write concern "majority" and read
-// concern "majority" by default, so that an acknowledged commit and the
-// claim's compare-and-set survive a failover.
+// concern "majority" by default, so that a decision and a claim survive a
+// failover and the version read sees every acknowledged claim.
 package mongodb
 
 import (
@@ -236,29 +272,49 @@ func (s *Store) Close() error {
 	return translate("close", s.client.Disconnect(ctx))
 }
 
-// Migrate implements store.Store. createIndexes is idempotent for identical
-// specifications, so nodes starting together may all run it; the collection
-// is created by the first of them.
+// Migrate implements store.Store. It creates the indexes unless they exist;
+// createIndexes is idempotent for identical specifications, so nodes starting
+// together may all run it. FerretDB v1 can fail (even panic on the
+// connection) when createIndexes runs concurrently on a new collection, so a
+// failed attempt is retried after checking what exists.
 func (s *Store) Migrate(ctx context.Context) error {
 	var err error
 	for attempt := 0; attempt < 5; attempt++ {
+		var have bool
+		if have, err = s.haveIndexes(ctx); err == nil && have {
+			return nil
+		}
 		if _, err = s.coll.Indexes().CreateMany(ctx, indexes()); err == nil {
 			return nil
 		}
-		// Two nodes creating the collection at once: one may be told it
-		// exists (code 48, NamespaceExists). The next attempt finds it.
-		var ce mongo.CommandError
-		if !errors.As(err, &ce) || ce.Code != 48 {
+		if ctx.Err() != nil {
 			break
 		}
 	}
 	return translate("migrate", err)
 }
 
-// ShardGet implements store.Store.
+// haveIndexes reports whether every index of indexes() exists by name.
+func (s *Store) haveIndexes(ctx context.Context) (bool, error) {
+	specs, err := s.coll.Indexes().ListSpecifications(ctx)
+	if err != nil {
+		// A collection that does not exist yet has no indexes.
+		return false, nil
+	}
+	names := map[string]bool{}
+	for _, sp := range specs {
+		names[sp.Name] = true
+	}
+	return names[windowIndex] && names[intentIndex], nil
+}
+
+// ShardGet implements store.Store: the shard document of the highest version.
 func (s *Store) ShardGet(ctx context.Context, key store.ShardKey) (*store.Shard, error) {
 	var d shardDoc
-	err := s.coll.FindOne(ctx, bson.D{{Key: "_id", Value: shardDocID(key)}}).Decode(&d)
+	err := s.coll.FindOne(ctx,
+		with(partition(key), bson.E{Key: "row_type", Value: store.RowTypeShard}),
+		options.FindOne().SetSort(bson.D{{Key: "shard_version", Value: -1}}),
+	).Decode(&d)
 	if errors.Is(err, mongo.ErrNoDocuments) {
 		return nil, fmt.Errorf("mongodb: shard get: %w", store.ErrShardNotFound)
 	}
@@ -268,60 +324,62 @@ func (s *Store) ShardGet(ctx context.Context, key store.ShardKey) (*store.Shard,
 	return d.shard(key), nil
 }
 
-// ShardClaim implements store.Store. After the compare-and-set it settles the
-// intents of older fences (see the package doc); if that fails the claim has
+// ShardClaim implements store.Store. A claim inserts the shard document of
+// version PrevVersion+1, whose _id is unique: of racing claims exactly one
+// gets in, and none does once a later version exists, since documents of
+// versions are never removed. Then it decides every write of an older
+// version still in flight (see the package doc); if that fails the claim has
 // happened but its error says so, and the caller's retry, a new claim,
-// settles them again.
+// decides them again.
 func (s *Store) ShardClaim(ctx context.Context, p store.ShardClaimParams) (*store.Shard, error) {
-	var d shardDoc
-	switch {
-	case p.PrevVersion == 0:
-		d = shardDoc{
-			ID: shardDocID(p.Shard), Namespace: p.Shard.Namespace, ShardID: int64(p.Shard.Shard),
-			RowType: store.RowTypeShard, TimerID: shardTimerID,
-			Version: 1, Owner: p.Owner, ClaimedAt: bson.NewDateTimeFromTime(p.Now), Commits: []string{},
-		}
-		if _, err := s.coll.InsertOne(ctx, d); err != nil {
-			if mongo.IsDuplicateKeyError(err) {
-				return nil, fmt.Errorf("mongodb: shard claim: %w", store.ErrShardVersionConflict)
-			}
-			return nil, translate("shard claim", err)
-		}
-	case p.PrevVersion > 0:
-		err := s.coll.FindOneAndUpdate(ctx,
-			bson.D{{Key: "_id", Value: shardDocID(p.Shard)}, {Key: "shard_version", Value: p.PrevVersion}},
-			bson.D{{Key: "$set", Value: bson.D{
-				{Key: "shard_version", Value: p.PrevVersion + 1},
-				{Key: "shard_owner", Value: p.Owner},
-				{Key: "shard_claimed_at", Value: bson.NewDateTimeFromTime(p.Now)},
-			}}},
-			options.FindOneAndUpdate().SetReturnDocument(options.After),
-		).Decode(&d)
+	if p.PrevVersion < 0 {
+		return nil, fmt.Errorf("mongodb: shard claim: %w: negative previous version %d", store.ErrShardVersionConflict, p.PrevVersion)
+	}
+	if p.PrevVersion > 0 {
+		err := s.coll.FindOne(ctx, bson.D{{Key: "_id", Value: shardDocID(p.Shard, p.PrevVersion)}}).Err()
 		if errors.Is(err, mongo.ErrNoDocuments) {
-			return nil, fmt.Errorf("mongodb: shard claim: %w", store.ErrShardVersionConflict)
+			return nil, fmt.Errorf("mongodb: shard claim: %w: version %d was never claimed", store.ErrShardVersionConflict, p.PrevVersion)
 		}
 		if err != nil {
 			return nil, translate("shard claim", err)
 		}
-	default:
-		return nil, fmt.Errorf("mongodb: shard claim: %w: negative previous version %d", store.ErrShardVersionConflict, p.PrevVersion)
 	}
-	if err := s.settleOlder(ctx, p.Shard, d.Version, d.Commits); err != nil {
-		return nil, fmt.Errorf("mongodb: shard claim: claimed version %d but could not settle the writes of older versions: %w", d.Version, err)
+	v := p.PrevVersion + 1
+	d := shardDoc{
+		ID: shardDocID(p.Shard, v), Namespace: p.Shard.Namespace, ShardID: int64(p.Shard.Shard),
+		RowType: store.RowTypeShard, TimerID: shardTimerID,
+		Version: v, Owner: p.Owner, ClaimedAt: bson.NewDateTimeFromTime(p.Now),
+	}
+	if _, err := s.coll.InsertOne(ctx, d); err != nil {
+		if mongo.IsDuplicateKeyError(err) {
+			return nil, fmt.Errorf("mongodb: shard claim: %w", store.ErrShardVersionConflict)
+		}
+		return nil, translate("shard claim", err)
+	}
+	if err := s.settleOlder(ctx, p.Shard, v); err != nil {
+		return nil, fmt.Errorf("mongodb: shard claim: claimed version %d but could not decide the writes of older versions: %w", v, err)
 	}
 	return d.shard(p.Shard), nil
 }
 
-// ShardRelease implements store.Store. It touches only the shard document, so
-// it needs no intent.
+// ShardRelease implements store.Store. Only releases change a shard
+// document, so a plain update suffices; the version read after it decides
+// whether the release happened while the fence was current.
 func (s *Store) ShardRelease(ctx context.Context, f store.Fence) error {
 	res, err := s.coll.UpdateOne(ctx,
-		bson.D{{Key: "_id", Value: shardDocID(f.Shard)}, {Key: "shard_version", Value: f.Version}},
+		bson.D{{Key: "_id", Value: shardDocID(f.Shard, f.Version)}},
 		bson.D{{Key: "$set", Value: bson.D{{Key: "shard_owner", Value: ""}}}})
 	if err != nil {
 		return translate("shard release", err)
 	}
 	if res.MatchedCount == 0 {
+		return fmt.Errorf("mongodb: shard release: %w", store.ErrShardOwnershipLost)
+	}
+	sh, err := s.ShardGet(ctx, f.Shard)
+	if err != nil {
+		return err
+	}
+	if sh.Version != f.Version {
 		return fmt.Errorf("mongodb: shard release: %w", store.ErrShardOwnershipLost)
 	}
 	return nil

@@ -1,6 +1,7 @@
 package mongodb
 
 import (
+	"fmt"
 	"strconv"
 	"time"
 
@@ -14,29 +15,29 @@ import (
 )
 
 // The collection's documents, all of one shard partition (namespace,
-// shard_id):
+// shard_id); P is the partition's _id prefix "<len(ns)>:<ns>/<shard>":
 //
-//	shard:  {_id: "<len(ns)>:<ns>/<shard>", namespace, shard_id, row_type: 1,
-//	         timer_id: 0, shard_version, shard_owner, shard_claimed_at,
-//	         commits: [token...]}
-//	timer:  {_id: "<len(ns)>:<ns>/<shard>/<id>", namespace, shard_id,
-//	         timer_id, row_type: 2 (pending) or 3 (failed),
-//	         execute_at (the due time, timer.DueAt), timer_uuid (binary
-//	         subtype 4), timer_execute_at, callback_url, payload,
-//	         retry_policy {...}, callback_timeout_ms, created_at, updated_at,
-//	         attempts, last_error, [intent]}
+//	shard:    {_id: "P#<version, 20 digits>", namespace, shard_id, row_type: 1,
+//	           timer_id: 0, shard_version, shard_owner, shard_claimed_at}
+//	timer:    {_id: "P/<id>", namespace, shard_id, timer_id,
+//	           row_type: 2 (pending) or 3 (failed),
+//	           execute_at (the due time, timer.DueAt), timer_uuid (binary
+//	           subtype 4), timer_execute_at, callback_url, payload,
+//	           retry_policy {...}, callback_timeout_ms, created_at,
+//	           updated_at, attempts, last_error, [intent]}
 //	placeholder of a timer being created:
-//	        {_id, namespace, shard_id, timer_id, row_type: 0, intent}
+//	          {_id: "P/<id>", namespace, shard_id, timer_id, row_type: 0, intent}
+//	decision: {_id: "P!<token>", namespace, shard_id, row_type: 4, commit}
 //
-// The _id is the contract's unique key (namespace, shard_id, timer_id),
-// encoded so that it is injective: the namespace is length-prefixed and a
-// shard's _id is a timer's without "/<id>". Being _id, it needs no second
-// unique index, the primary index finds a timer by id, FerretDB pushes _id
-// equality down to its backend, and on a sharded cluster (shard key
-// {namespace, shard_id}) it is unique across the cluster because it
-// determines the shard key. A shard document's timer_id is the number 0, a
-// type no user id (a string) has, in case anyone adds a unique index on
-// (namespace, shard_id, timer_id).
+// A timer's _id is the contract's unique key (namespace, shard_id,
+// timer_id), encoded so that it is injective: the namespace is
+// length-prefixed and the character after the shard number tells the kinds
+// apart. Being _id, it needs no second unique index, the primary index finds
+// a timer by id, FerretDB pushes _id equality down to its backend, and on a
+// sharded cluster (shard key {namespace, shard_id}) it is unique across the
+// cluster because it determines the shard key. A shard document's timer_id
+// is the number 0, a type no user id (a string) has, in case anyone adds a
+// unique index on (namespace, shard_id, timer_id).
 //
 // Payloads are strings: the store never looks into them, and a string keeps
 // the caller's JSON exactly, where a BSON document would lose big numbers,
@@ -44,7 +45,7 @@ import (
 // durations whole milliseconds. UUIDs compare as 16 bytes, the order of
 // timer.Position, because all are binary subtype 4 of one length.
 //
-// intent is the uncommitted part of a document (see the package doc):
+// intent is the undecided part of a document (see the package doc):
 // readers project it away.
 
 // shardTimerID is a shard document's timer_id.
@@ -53,6 +54,9 @@ const shardTimerID = int32(0)
 // rowTypePlaceholder marks a document that exists only to hold the intent of
 // a create: the timer does not exist yet.
 const rowTypePlaceholder = 0
+
+// rowTypeDecision marks a decision document.
+const rowTypeDecision = 4
 
 // Index names: fixed, so that Migrate recognises its own indexes.
 const (
@@ -81,15 +85,29 @@ func indexes() []mongo.IndexModel {
 	}
 }
 
-func shardDocID(k store.ShardKey) string {
+// partitionID prefixes every _id of a shard partition. The namespace is
+// length-prefixed, and the character after the shard number says what the
+// document is, so that _ids are injective.
+func partitionID(k store.ShardKey) string {
 	return strconv.Itoa(len(k.Namespace)) + ":" + k.Namespace + "/" + strconv.Itoa(k.Shard)
 }
 
-func timerDocID(k store.ShardKey, id string) string {
-	return shardDocID(k) + "/" + id
+// shardDocID is the _id of version v's shard document; zero-padded so that
+// _ids sort as versions do.
+func shardDocID(k store.ShardKey, v int64) string {
+	return fmt.Sprintf("%s#%020d", partitionID(k), v)
 }
 
-// shardDoc is a shard document.
+func timerDocID(k store.ShardKey, id string) string {
+	return partitionID(k) + "/" + id
+}
+
+func decisionDocID(k store.ShardKey, token string) string {
+	return partitionID(k) + "!" + token
+}
+
+// shardDoc is a shard version document: one per claim, never changed but
+// for its owner (cleared by a release).
 type shardDoc struct {
 	ID        string        `bson:"_id"`
 	Namespace string        `bson:"namespace"`
@@ -99,12 +117,21 @@ type shardDoc struct {
 	Version   int64         `bson:"shard_version"`
 	Owner     string        `bson:"shard_owner"`
 	ClaimedAt bson.DateTime `bson:"shard_claimed_at"`
-	// Commits are the tokens of committed writes not known to be applied.
-	Commits []string `bson:"commits"`
 }
 
 func (d *shardDoc) shard(key store.ShardKey) *store.Shard {
 	return &store.Shard{Key: key, Version: d.Version, Owner: d.Owner, ClaimedAt: d.ClaimedAt.Time().UTC()}
+}
+
+// decisionDoc is the outcome of one fenced write: inserted with Commit true
+// by the writer, or with Commit false by whoever aborts the write; the
+// unique _id lets exactly one of them in.
+type decisionDoc struct {
+	ID        string `bson:"_id"`
+	Namespace string `bson:"namespace"`
+	ShardID   int64  `bson:"shard_id"`
+	RowType   int32  `bson:"row_type"`
+	Commit    bool   `bson:"commit"`
 }
 
 // timerState is a timer's stored fields besides its key: the committed state
