@@ -43,21 +43,9 @@ pidfile=$dir/cassandra.pid
 # Start-up takes 10-20 s on an idle machine; a loaded CI machine gets more.
 start_timeout=${DTIMER_TEST_CASSANDRA_START_TIMEOUT:-180}
 
-say() { echo "cassandra.sh: $*" >&2; }
-die() { say "$*"; exit 1; }
-
-is_root() { [ "$(id -u)" -eq 0 ]; }
-
-apt_install() {
-	local sudo=
-	if ! is_root; then
-		command -v sudo >/dev/null 2>&1 || die "not root and no sudo: install $* yourself"
-		sudo=sudo
-	fi
-	say "installing $*"
-	$sudo apt-get update -qq >&2
-	DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "$@" >&2
-}
+self=cassandra.sh
+# shellcheck source=lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 # find_java prints a Java 17 binary: Cassandra 5.0 runs on 11 or 17, and the
 # flags below are those of 17.

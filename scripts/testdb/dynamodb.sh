@@ -36,10 +36,9 @@ version=3.0.0
 sqlite_version=1.0.392
 main=DtimerDynamoDBLocal
 
-say() { echo "dynamodb.sh: $*" >&2; }
-die() { say "$*"; exit 1; }
-
-is_root() { [ "$(id -u)" -eq 0 ]; }
+self=dynamodb.sh
+# shellcheck source=lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 # java_major prints the major version of the java on PATH, or nothing.
 java_major() {
@@ -57,14 +56,7 @@ install_tools() {
 	command -v mvn >/dev/null 2>&1 || want+=(maven)
 	command -v curl >/dev/null 2>&1 || want+=(curl)
 	[ ${#want[@]} -eq 0 ] && return 0
-	say "installing ${want[*]}"
-	local sudo=
-	if ! is_root; then
-		command -v sudo >/dev/null 2>&1 || die "not root and no sudo: install ${want[*]} yourself"
-		sudo=sudo
-	fi
-	$sudo apt-get update -qq >&2
-	DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${want[@]}" >&2
+	apt_install "${want[@]}"
 	major=$(java_major)
 	[ -n "$major" ] && [ "$major" -ge 17 ] || die "DynamoDB Local $version needs Java 17 or newer on PATH"
 }

@@ -39,20 +39,13 @@ pgdb=dtimer_ferretdb
 pidfile=$dir/ferretdb.pid
 log=$dir/ferretdb.log
 
-say() { echo "mongodb.sh: $*" >&2; }
-die() { say "$*"; exit 1; }
-
-is_root() { [ "$(id -u)" -eq 0 ]; }
+self=mongodb.sh
+# shellcheck source=lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 install_go() {
 	say "go not found; installing the golang-go package"
-	local sudo=
-	if ! is_root; then
-		command -v sudo >/dev/null 2>&1 || die "not root and no sudo: install Go 1.22 or later yourself"
-		sudo=sudo
-	fi
-	$sudo apt-get update -qq >&2
-	DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq golang-go >&2
+	apt_install golang-go
 }
 
 # build_ferretdb builds FerretDB from the module proxy's copy of its source

@@ -34,10 +34,9 @@ db=dtimer
 user=dtimer
 password=dtimer
 
-say() { echo "mysql.sh: $*" >&2; }
-die() { say "$*"; exit 1; }
-
-is_root() { [ "$(id -u)" -eq 0 ]; }
+self=mysql.sh
+# shellcheck source=lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 # find_bin prints the path of the first of its arguments found on PATH or in
 # /usr/sbin (which a non-root PATH often lacks).
@@ -65,13 +64,7 @@ find_bins() {
 
 install_mariadb() {
 	say "MariaDB server binaries not found; installing the mariadb-server package"
-	local sudo=
-	if ! is_root; then
-		command -v sudo >/dev/null 2>&1 || die "not root and no sudo: install the mariadb-server package yourself"
-		sudo=sudo
-	fi
-	$sudo apt-get update -qq >&2
-	DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq mariadb-server >&2
+	apt_install mariadb-server
 }
 
 # The server refuses to run as root unless told to; this throw-away server

@@ -24,10 +24,9 @@ port=${DTIMER_TEST_POSTGRES_PORT:-55432}
 base=${DTIMER_TESTDB_DIR:-$repo/.testdb}
 db=dtimer
 
-say() { echo "postgres.sh: $*" >&2; }
-die() { say "$*"; exit 1; }
-
-is_root() { [ "$(id -u)" -eq 0 ]; }
+self=postgres.sh
+# shellcheck source=lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 # as_pg runs a server command as the postgres OS user when we are root:
 # PostgreSQL refuses to run as root.
@@ -64,13 +63,7 @@ find_bindir() {
 
 install_postgres() {
 	say "PostgreSQL server binaries not found; installing the postgresql package"
-	local sudo=
-	if ! is_root; then
-		command -v sudo >/dev/null 2>&1 || die "not root and no sudo: install the postgresql package yourself"
-		sudo=sudo
-	fi
-	$sudo apt-get update -qq >&2
-	DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq postgresql >&2
+	apt_install postgresql
 }
 
 # pick_dir chooses the directory for this server. The postgres OS user must be
