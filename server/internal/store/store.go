@@ -33,6 +33,7 @@ package store
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/dtimer/dtimer/server/internal/timer"
@@ -107,6 +108,16 @@ type Shard struct {
 type Fence struct {
 	Shard   ShardKey
 	Version int64
+}
+
+// Covers rejects a timer of another shard: the fence would not protect the
+// row written. Drivers call it before every fenced timer write.
+func (f Fence) Covers(t *timer.Timer) error {
+	if t.Namespace != f.Shard.Namespace || t.Shard != f.Shard.Shard {
+		return fmt.Errorf("timer %q of shard (%q, %d) written under a fence for shard (%q, %d)",
+			t.ID, t.Namespace, t.Shard, f.Shard.Namespace, f.Shard.Shard)
+	}
+	return nil
 }
 
 // ShardClaimParams are the arguments of Store.ShardClaim.

@@ -141,7 +141,7 @@ func (s *Store) readID(ctx context.Context, sk store.ShardKey, id string) (*idRo
 // create, and otherwise the next batch moves the timer from where the id row
 // says it is.
 func (s *Store) TimerCreate(ctx context.Context, f store.Fence, t *timer.Timer) error {
-	if err := checkFence(f, t); err != nil {
+	if err := f.Covers(t); err != nil {
 		return fmt.Errorf("cassandra: timer create: %w", err)
 	}
 	vals, err := timerValues(t)
@@ -186,7 +186,7 @@ func (s *Store) TimerUpdate(ctx context.Context, f store.Fence, p store.TimerUpd
 	if t == nil {
 		return errors.New("cassandra: timer update: timer is nil")
 	}
-	if err := checkFence(f, t); err != nil {
+	if err := f.Covers(t); err != nil {
 		return fmt.Errorf("cassandra: timer update: %w", err)
 	}
 	vals, err := timerValues(t)
@@ -471,16 +471,6 @@ func (s *Store) rangeEntries(ctx context.Context, sk store.ShardKey, upTo int64,
 		}
 	}
 	return kept, nil
-}
-
-// checkFence rejects a timer outside the fence's shard: the fence would not
-// protect the row written.
-func checkFence(f store.Fence, t *timer.Timer) error {
-	if t.Namespace != f.Shard.Namespace || t.Shard != f.Shard.Shard {
-		return fmt.Errorf("timer %q of shard (%q, %d) written under a fence for shard (%q, %d)",
-			t.ID, t.Namespace, t.Shard, f.Shard.Namespace, f.Shard.Shard)
-	}
-	return nil
 }
 
 func newGen() gocql.UUID {

@@ -191,7 +191,7 @@ func (s *Store) ShardRelease(ctx context.Context, f store.Fence) error {
 // TimerCreate implements store.Store: a Put of the timer's one item, which
 // replaces the timer with the same id wherever it was.
 func (s *Store) TimerCreate(ctx context.Context, f store.Fence, t *timer.Timer) error {
-	if err := checkFence(f, t); err != nil {
+	if err := f.Covers(t); err != nil {
 		return fmt.Errorf("dynamodb: timer create: %w", err)
 	}
 	enc, err := encodeTimer(t)
@@ -207,7 +207,7 @@ func (s *Store) TimerUpdate(ctx context.Context, f store.Fence, p store.TimerUpd
 	if p.Timer == nil {
 		return errors.New("dynamodb: timer update: timer is nil")
 	}
-	if err := checkFence(f, p.Timer); err != nil {
+	if err := f.Covers(p.Timer); err != nil {
 		return fmt.Errorf("dynamodb: timer update: %w", err)
 	}
 	enc, err := encodeTimer(p.Timer)
@@ -477,14 +477,4 @@ func pause(ctx context.Context, attempt int) error {
 	case <-t.C:
 		return nil
 	}
-}
-
-// checkFence rejects a timer outside the fence's shard: the fence would not
-// protect the item written.
-func checkFence(f store.Fence, t *timer.Timer) error {
-	if t.Namespace != f.Shard.Namespace || t.Shard != f.Shard.Shard {
-		return fmt.Errorf("timer %q of shard (%q, %d) written under a fence for shard (%q, %d)",
-			t.ID, t.Namespace, t.Shard, f.Shard.Namespace, f.Shard.Shard)
-	}
-	return nil
 }

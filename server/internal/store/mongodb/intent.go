@@ -321,7 +321,7 @@ func (s *Store) abortToken(ctx context.Context, key store.ShardKey, v int64, tok
 // position or status.
 func (s *Store) TimerCreate(ctx context.Context, f store.Fence, t *timer.Timer) error {
 	const op = "timer create"
-	if err := checkTimer(f, t); err != nil {
+	if err := f.Covers(t); err != nil {
 		return fmt.Errorf("mongodb: %s: %w", op, err)
 	}
 	st := stateOf(t)
@@ -334,7 +334,7 @@ func (s *Store) TimerUpdate(ctx context.Context, f store.Fence, p store.TimerUpd
 	if p.Timer == nil {
 		return fmt.Errorf("mongodb: %s: timer is nil", op)
 	}
-	if err := checkTimer(f, p.Timer); err != nil {
+	if err := f.Covers(p.Timer); err != nil {
 		return fmt.Errorf("mongodb: %s: %w", op, err)
 	}
 	cond := bson.D{{Key: "row_type", Value: bson.D{{Key: "$in", Value: bson.A{store.RowTypeTimerPending, store.RowTypeTimerFailed}}}}}
@@ -484,15 +484,6 @@ func (s *Store) settleRange(ctx context.Context, w *write, rng bson.D) (foreign 
 // share its backing array.
 func with(d bson.D, e ...bson.E) bson.D {
 	return append(slices.Clip(d), e...)
-}
-
-// checkTimer rejects a timer written under the fence of another shard.
-func checkTimer(f store.Fence, t *timer.Timer) error {
-	if t.Namespace != f.Shard.Namespace || t.Shard != f.Shard.Shard {
-		return fmt.Errorf("timer %q of shard (%q, %d) written under the fence of shard (%q, %d)",
-			t.ID, t.Namespace, t.Shard, f.Shard.Namespace, f.Shard.Shard)
-	}
-	return nil
 }
 
 // backoff waits for another write to finish: from 1 ms, doubling up to

@@ -185,7 +185,7 @@ const upsertRetries = 3
 // unique violation. Retried, it finds the committed row through the id index
 // and updates it, which is what it would have done had it come second.
 func (s *Store) TimerCreate(ctx context.Context, f store.Fence, t *timer.Timer) error {
-	if err := checkFence(f, t); err != nil {
+	if err := f.Covers(t); err != nil {
 		return fmt.Errorf("postgres: timer create: %w", err)
 	}
 	args, err := timerArgs(t)
@@ -209,7 +209,7 @@ func (s *Store) TimerUpdate(ctx context.Context, f store.Fence, p store.TimerUpd
 	if p.Timer == nil {
 		return errors.New("postgres: timer update: timer is nil")
 	}
-	if err := checkFence(f, p.Timer); err != nil {
+	if err := f.Covers(p.Timer); err != nil {
 		return fmt.Errorf("postgres: timer update: %w", err)
 	}
 	args, err := timerArgs(p.Timer)
@@ -317,16 +317,6 @@ func translateNoRows(op string, err, notFound error) error {
 		return fmt.Errorf("postgres: %s: %w", op, notFound)
 	}
 	return translate(op, err)
-}
-
-// checkFence rejects a timer outside the fence's shard: the fence would not
-// protect the row written.
-func checkFence(f store.Fence, t *timer.Timer) error {
-	if t.Namespace != f.Shard.Namespace || t.Shard != f.Shard.Shard {
-		return fmt.Errorf("timer %q of shard (%q, %d) written under a fence for shard (%q, %d)",
-			t.ID, t.Namespace, t.Shard, f.Shard.Namespace, f.Shard.Shard)
-	}
-	return nil
 }
 
 // utc truncates a time to the stored precision, in UTC.
