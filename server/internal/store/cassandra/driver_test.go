@@ -147,22 +147,7 @@ func TestMigrateTwoNodes(t *testing.T) {
 	storetest.EnvOrSkip(t, hostsEnv)
 	tb := table{keyspace: "dtimer_test_" + randomHex(6), name: "timers"}
 	dropAtEnd(tb.keyspace)
-	stores := []*cassandra.Store{open(t, tb), open(t, tb), open(t, tb)}
-	var wg sync.WaitGroup
-	errs := make([]error, len(stores))
-	for i, s := range stores {
-		wg.Go(func() { errs[i] = s.Migrate(t.Context()) })
-	}
-	wg.Wait()
-	for _, err := range errs {
-		require.NoError(t, err)
-	}
-	for i, s := range stores {
-		_, err := s.ShardClaim(t.Context(), store.ShardClaimParams{
-			Shard: store.ShardKey{Namespace: "ns", Shard: i}, Owner: "n", Now: time.Now(),
-		})
-		require.NoError(t, err)
-	}
+	storetest.MigrateConcurrently(t, func() store.Store { return open(t, tb) })
 }
 
 func TestNewRejectsBadConfig(t *testing.T) {

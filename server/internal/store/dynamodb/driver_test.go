@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -53,20 +52,7 @@ func TestDriver(t *testing.T) {
 func TestMigrateConcurrently(t *testing.T) {
 	t.Parallel()
 	table := newTable(t)
-	stores := []*dynamodb.Store{open(t, table), open(t, table), open(t, table)}
-	var wg sync.WaitGroup
-	errs := make([]error, len(stores))
-	for i, s := range stores {
-		wg.Go(func() { errs[i] = s.Migrate(t.Context()) })
-	}
-	wg.Wait()
-	for _, err := range errs {
-		require.NoError(t, err)
-	}
-	_, err := stores[1].ShardClaim(t.Context(), store.ShardClaimParams{
-		Shard: store.ShardKey{Namespace: "ns", Shard: 0}, Owner: "n", Now: time.Now(),
-	})
-	require.NoError(t, err)
+	storetest.MigrateConcurrently(t, func() store.Store { return open(t, table) })
 }
 
 // TestMigrateRejectsForeignTable refuses a table without the pos index: it

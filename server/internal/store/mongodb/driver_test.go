@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"sync"
 	"testing"
 	"time"
 
@@ -38,22 +37,7 @@ func TestDriver(t *testing.T) {
 func TestMigrateTwoNodes(t *testing.T) {
 	t.Parallel()
 	db := newDatabase(t)
-	stores := []*mongodb.Store{open(t, db), open(t, db), open(t, db)}
-	var wg sync.WaitGroup
-	errs := make([]error, len(stores))
-	for i, s := range stores {
-		wg.Go(func() { errs[i] = s.Migrate(t.Context()) })
-	}
-	wg.Wait()
-	for _, err := range errs {
-		require.NoError(t, err)
-	}
-	_, err := stores[0].ShardClaim(t.Context(), store.ShardClaimParams{
-		Shard: store.ShardKey{Namespace: "ns", Shard: 0}, Owner: "n", Now: time.Now(),
-	})
-	require.NoError(t, err)
-	_, err = stores[1].ShardGet(t.Context(), store.ShardKey{Namespace: "ns", Shard: 0})
-	require.NoError(t, err)
+	storetest.MigrateConcurrently(t, func() store.Store { return open(t, db) })
 }
 
 func TestNewRejectsBadConfig(t *testing.T) {

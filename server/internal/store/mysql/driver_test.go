@@ -7,7 +7,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -41,20 +40,7 @@ func TestDriver(t *testing.T) {
 func TestMigrateSeveralNodes(t *testing.T) {
 	t.Parallel()
 	dsn := newDatabase(t)
-	stores := []*mysql.Store{open(t, dsn), open(t, dsn), open(t, dsn)}
-	var wg sync.WaitGroup
-	errs := make([]error, len(stores))
-	for i, s := range stores {
-		wg.Go(func() { errs[i] = s.Migrate(t.Context()) })
-	}
-	wg.Wait()
-	for _, err := range errs {
-		require.NoError(t, err)
-	}
-	_, err := stores[0].ShardClaim(t.Context(), store.ShardClaimParams{
-		Shard: store.ShardKey{Namespace: "ns", Shard: 0}, Owner: "n", Now: time.Now(),
-	})
-	require.NoError(t, err)
+	storetest.MigrateConcurrently(t, func() store.Store { return open(t, dsn) })
 }
 
 func TestNotMigrated(t *testing.T) {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"sync"
 	"testing"
 	"time"
 
@@ -37,20 +36,7 @@ func TestDriver(t *testing.T) {
 func TestMigrateTwoNodes(t *testing.T) {
 	t.Parallel()
 	schema := newSchema(t)
-	stores := []*postgres.Store{open(t, schema), open(t, schema), open(t, schema)}
-	var wg sync.WaitGroup
-	errs := make([]error, len(stores))
-	for i, s := range stores {
-		wg.Go(func() { errs[i] = s.Migrate(t.Context()) })
-	}
-	wg.Wait()
-	for _, err := range errs {
-		require.NoError(t, err)
-	}
-	_, err := stores[0].ShardClaim(t.Context(), store.ShardClaimParams{
-		Shard: store.ShardKey{Namespace: "ns", Shard: 0}, Owner: "n", Now: time.Now(),
-	})
-	require.NoError(t, err)
+	storetest.MigrateConcurrently(t, func() store.Store { return open(t, schema) })
 }
 
 // TestWindowIsIndexRange checks the plans of the engine's two hot range
