@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/dtimer/dtimer/benchmark/internal/stores"
+	"github.com/dtimer/dtimer/benchmark/internal/workload"
 )
 
 // config is a run's settings, from flags.
@@ -50,6 +51,7 @@ type config struct {
 	ceilingSeconds time.Duration
 	httpClients    int
 	riverWorkers   int
+	lead           time.Duration
 }
 
 var allWorkloads = []string{"create", "burst", "steady", "backlog", "scale", "cluster"}
@@ -95,6 +97,7 @@ func parseFlags(args []string) (*config, error) {
 	fs.DurationVar(&c.ceilingSeconds, "ceiling-duration", 5*time.Second, "how long each ceiling is measured")
 	fs.IntVar(&c.httpClients, "http-clients", 100, "concurrency of the raw HTTP POST ceiling")
 	fs.IntVar(&c.riverWorkers, "river-workers", 1000, "River tuned: workers")
+	fs.DurationVar(&c.lead, "lead", workload.DefaultLead, "least time between creating a timer and its due time (River's scheduler needs more than 5s)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -119,6 +122,7 @@ func parseFlags(args []string) (*config, error) {
 			"ceiling-duration": func() { c.ceilingSeconds = time.Second },
 			"river-workers":    func() { c.riverWorkers = 100 },
 			"clients":          func() { c.clients = 8 },
+			"lead":             func() { c.lead = time.Second },
 		}
 		for name, f := range small {
 			if !set[name] {

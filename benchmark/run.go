@@ -75,7 +75,7 @@ func run(ctx context.Context, cfg *config) error {
 		rep.Ceilings = ceilings(ctx, cfg, recv, p, rep)
 	}
 
-	runner := &workload.Runner{Recv: recv, P: p, Clients: cfg.clients, PayloadBytes: cfg.payloadBytes}
+	runner := &workload.Runner{Recv: recv, P: p, Clients: cfg.clients, PayloadBytes: cfg.payloadBytes, Lead: cfg.lead}
 	cfg.servers.SQLiteDir = filepath.Join(out, "sqlite")
 	cfg.servers.PostgresMaxConns = cfg.clients
 	dtimerAt := func(driver string, nodes int) factory {

@@ -25,11 +25,11 @@ type Report struct {
 	Machine  map[string]string `json:"machine"`
 	Versions map[string]string `json:"versions"`
 	// Peers describes each peer configuration (River defaults, tuned).
-	Peers    map[string]string  `json:"peers,omitempty"`
-	Ceilings []ceiling.Result   `json:"ceilings"`
-	Results  []*workload.Result `json:"results"`
-	Targets  []Target           `json:"targets"`
-	Skipped  []string           `json:"skipped,omitempty"`
+	Peers    map[string]string   `json:"peers,omitempty"`
+	Ceilings []ceiling.Result    `json:"ceilings"`
+	Results  []*workload.Result  `json:"results"`
+	Targets  []Target            `json:"targets"`
+	Skipped  []string            `json:"skipped,omitempty"`
 	Plots    map[string][]string `json:"plots,omitempty"`
 }
 

@@ -169,8 +169,14 @@ func (d *Dtimer) startNode(n *node) error {
 		"DTIMER_LOG_LEVEL=warn",
 		"DTIMER_LOG_FORMAT=json",
 	)
-	if n.i > 0 {
-		env = append(env, "DTIMER_CLUSTER_SEEDS="+d.nodes[0].gossip)
+	if len(d.nodes) > 1 {
+		// Every node gets the seeds, itself included: a node without seeds
+		// runs alone (static membership) and never gossips.
+		seeds := make([]string, len(d.nodes))
+		for i, o := range d.nodes {
+			seeds[i] = o.gossip
+		}
+		env = append(env, "DTIMER_CLUSTER_SEEDS="+strings.Join(seeds, ","))
 	}
 	env = append(env, d.cfg.Store.Env...)
 	env = append(env, d.cfg.Env...)

@@ -11,6 +11,13 @@ import (
 	"github.com/dtimer/dtimer/benchmark/internal/system"
 )
 
+// DefaultLead is the least time between creating a timer and its due time.
+// River (v0.51) moves scheduled jobs to "available" in a pass every 5 s that
+// takes those due within the next 5 s; a job created closer to its due time
+// than that waits for the next pass. Every system gets the same lead, long
+// enough that the peer's scheduler is not what is measured.
+const DefaultLead = 6 * time.Second
+
 // Create: n timers through the system's create call from r.Clients clients,
 // due an hour from now (they never fire during the run).
 func (r *Runner) Create(ctx context.Context, sys system.System, n int) *Result {
@@ -40,7 +47,7 @@ func (r *Runner) Burst(ctx context.Context, sys system.System, n int) *Result {
 		res.Error = err.Error()
 		return res
 	}
-	due := time.Now().Add(time.Duration(1.5*float64(n)/rate*float64(time.Second)) + 3*time.Second).Truncate(time.Millisecond)
+	due := time.Now().Add(time.Duration(1.5*float64(n)/rate*float64(time.Second)) + r.Lead).Truncate(time.Millisecond)
 	ts := r.timers("burst", n, func(int) time.Time { return due })
 	_, took, err := r.createAll(ctx, sys, ts, true, sys.Name()+": prepare burst")
 	res.Creates, res.CreateSeconds = n, seconds(took)
@@ -78,11 +85,10 @@ func (r *Runner) Steady(ctx context.Context, sys system.System, rate int, dur ti
 }
 
 func (r *Runner) steady(ctx context.Context, sys system.System, name string, rate int, dur time.Duration, preFraction float64) *Result {
-	const lead = 3 * time.Second
 	n := int(float64(rate) * dur.Seconds())
 	pre := int(float64(n) * preFraction)
 	res := &Result{System: sys.Name(), Workload: name, Params: map[string]any{
-		"rate": rate, "seconds": dur.Seconds(), "timers": n, "precreated": pre, "leadSeconds": lead.Seconds()}}
+		"rate": rate, "seconds": dur.Seconds(), "timers": n, "precreated": pre, "leadSeconds": r.Lead.Seconds()}}
 	r.Recv.Reset()
 	est, err := r.estimateRate(ctx, sys, true)
 	if err != nil {
@@ -90,7 +96,7 @@ func (r *Runner) steady(ctx context.Context, sys system.System, name string, rat
 		return res
 	}
 	prefix := fmt.Sprintf("%s%d", name, rate)
-	start := time.Now().Add(time.Duration(1.5*float64(pre)/est*float64(time.Second)) + lead).Truncate(time.Millisecond)
+	start := time.Now().Add(time.Duration(1.5*float64(pre)/est*float64(time.Second)) + r.Lead).Truncate(time.Millisecond)
 	interval := time.Second / time.Duration(rate)
 	dueOf := func(i int) time.Time { return start.Add(time.Duration(i) * interval) }
 	ts := r.timers(prefix, n, dueOf)
@@ -105,7 +111,7 @@ func (r *Runner) steady(ctx context.Context, sys system.System, name string, rat
 	}
 	a := r.snap(ctx, sys)
 
-	// Live creates: timer i is created once now >= due(i) - lead, from
+	// Live creates: timer i is created once now >= due(i) - r.Lead, from
 	// r.Clients clients; a create that starts after its timer's due time is
 	// counted as late (the system cannot fire what it has not got yet).
 	var (
@@ -124,7 +130,7 @@ func (r *Runner) steady(ctx context.Context, sys system.System, name string, rat
 				if i >= n || ctx.Err() != nil {
 					return
 				}
-				if wait := time.Until(ts[i].ExecuteAt.Add(-lead)); wait > 0 {
+				if wait := time.Until(ts[i].ExecuteAt.Add(-r.Lead)); wait > 0 {
 					select {
 					case <-time.After(wait): // pacing: the create is scheduled for then
 					case <-ctx.Done():
@@ -180,7 +186,7 @@ func (r *Runner) Backlog(ctx context.Context, sys system.System, n int, spread t
 		res.Error = err.Error()
 		return res
 	}
-	first := time.Now().Add(time.Duration(1.5*float64(n)/est*float64(time.Second)) + 3*time.Second).Truncate(time.Millisecond)
+	first := time.Now().Add(time.Duration(1.5*float64(n)/est*float64(time.Second)) + r.Lead).Truncate(time.Millisecond)
 	ts := r.timers("backlog", n, func(i int) time.Time { return first.Add(time.Duration(i) * spread / time.Duration(n)) })
 	_, took, err := r.createAll(ctx, sys, ts, true, sys.Name()+": prepare backlog")
 	res.Creates, res.CreateSeconds = n, seconds(took)

@@ -5,7 +5,6 @@ package workload
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math"
 	"strconv"
@@ -26,6 +25,9 @@ type Runner struct {
 	P    *Progress
 	// Clients is the number of concurrent creating clients.
 	Clients int
+	// Lead is the least time between a timer's create and its due time
+	// (DefaultLead).
+	Lead time.Duration
 	// PayloadBytes is the approximate size of each timer's JSON payload.
 	PayloadBytes int
 	// DB reads the database server's processes, or is nil when they cannot
@@ -81,10 +83,10 @@ type Result struct {
 	// the first due time of a steady run, the restart of a backlog run.
 	SeriesStart time.Time `json:"seriesStart,omitempty"`
 
-	Costs Costs    `json:"costs"`
+	Costs Costs              `json:"costs"`
 	Extra map[string]float64 `json:"extra,omitempty"`
-	Notes []string `json:"notes,omitempty"`
-	Error string   `json:"error,omitempty"`
+	Notes []string           `json:"notes,omitempty"`
+	Error string             `json:"error,omitempty"`
 }
 
 func (r *Result) note(format string, args ...any) {
@@ -333,5 +335,3 @@ func cdf(sorted []time.Duration) []Point {
 }
 
 func seconds(d time.Duration) float64 { return math.Round(d.Seconds()*1000) / 1000 }
-
-var errNoTimers = errors.New("no timers")
