@@ -58,18 +58,23 @@ var Drivers = []string{"sqlite", "postgres", "mysql", "mongodb", "dynamodb", "ca
 
 // Available reports whether driver can run on these servers, and if not, why.
 func (s Servers) Available(driver string) error {
-	missing := map[string]string{
+	given := map[string]string{
 		"postgres": s.PostgresURL, "mysql": s.MySQLDSN, "mongodb": s.MongoDBURI,
 		"dynamodb": s.DynamoDBEndpoint, "cassandra": s.CassandraHosts,
 	}
-	v, ok := missing[driver]
+	flags := map[string]string{
+		"postgres": "postgres-url (DTIMER_TEST_POSTGRES_URL)", "mysql": "mysql-dsn (DTIMER_TEST_MYSQL_DSN)",
+		"mongodb": "mongodb-uri (DTIMER_TEST_MONGODB_URI)", "dynamodb": "dynamodb-endpoint (DTIMER_TEST_DYNAMODB_ENDPOINT)",
+		"cassandra": "cassandra-hosts (DTIMER_TEST_CASSANDRA_HOSTS)",
+	}
+	v, ok := given[driver]
 	switch {
 	case driver == "sqlite":
 		return nil
 	case !ok:
 		return fmt.Errorf("unknown driver %q (one of %s)", driver, strings.Join(Drivers, ", "))
 	case v == "":
-		return fmt.Errorf("driver %s: no server given (flag --%s or DTIMER_TEST_%s_*; scripts/testdb/all.sh start starts one)", driver, driver, strings.ToUpper(driver))
+		return fmt.Errorf("driver %s: no server given: flag --%s; scripts/testdb/all.sh start starts one", driver, flags[driver])
 	}
 	return nil
 }
