@@ -49,7 +49,7 @@ type config struct {
 	clusterNodes   []int
 	clusterTimers  int
 	ceilingSeconds time.Duration
-	httpClients    int
+	httpClients    []int
 	riverWorkers   int
 	lead           time.Duration
 }
@@ -59,7 +59,7 @@ var allWorkloads = []string{"create", "burst", "steady", "backlog", "scale", "cl
 func parseFlags(args []string) (*config, error) {
 	c := &config{servers: stores.FromEnv()}
 	fs := flag.NewFlagSet("benchmark", flag.ContinueOnError)
-	var drivers, workloads, peers, rates, scaleDrivers, nodes, env string
+	var drivers, workloads, peers, rates, scaleDrivers, nodes, env, httpClients string
 	fs.BoolVar(&c.smoke, "smoke", false, "tiny sizes: a run of seconds that proves the harness works (CI); sizes given as flags still win")
 	fs.StringVar(&c.out, "out", "benchmark/results", "directory for results.json, results.md, the plots and server logs")
 	fs.StringVar(&c.markdown, "markdown", "", "also write the Markdown report here (e.g. benchmark/RESULTS.md), with plot links relative to it")
@@ -95,7 +95,7 @@ func parseFlags(args []string) (*config, error) {
 	fs.StringVar(&nodes, "cluster-nodes", "1,2,3", "cluster: node counts of the scaling run (bursts on one PostgreSQL)")
 	fs.IntVar(&c.clusterTimers, "cluster-timers", 40000, "cluster: burst size per node count")
 	fs.DurationVar(&c.ceilingSeconds, "ceiling-duration", 5*time.Second, "how long each ceiling is measured")
-	fs.IntVar(&c.httpClients, "http-clients", 100, "concurrency of the raw HTTP POST ceiling")
+	fs.StringVar(&httpClients, "http-clients", "100,1000", "concurrencies of the raw HTTP POST ceiling, one measurement each (1000 is dtimer's default callback.concurrency)")
 	fs.IntVar(&c.riverWorkers, "river-workers", 1000, "River tuned: workers")
 	fs.DurationVar(&c.lead, "lead", workload.DefaultLead, "least time between creating a timer and its due time (River's scheduler needs more than 5s)")
 	if err := fs.Parse(args); err != nil {
@@ -155,6 +155,9 @@ func parseFlags(args []string) (*config, error) {
 		return nil, err
 	}
 	if c.clusterNodes, err = ints("cluster-nodes", nodes); err != nil {
+		return nil, err
+	}
+	if c.httpClients, err = ints("http-clients", httpClients); err != nil {
 		return nil, err
 	}
 	c.workloads = split(workloads)

@@ -70,8 +70,17 @@ func TestSmoke(t *testing.T) {
 		}
 		want["dtimer/postgres x1"] = []string{"cluster"}
 		want["dtimer/postgres x2"] = []string{"cluster"}
-		if len(rep.Ceilings) != 3 {
-			t.Errorf("ceilings: got %d, want HTTP, insert and delete", len(rep.Ceilings))
+		var names []string
+		for _, c := range rep.Ceilings {
+			names = append(names, c.Name)
+			if c.Ops <= 0 || c.PerSecond <= 0 {
+				t.Errorf("ceiling %s at %d: %d ops, %.0f/s", c.Name, c.Concurrency, c.Ops, c.PerSecond)
+			}
+		}
+		for _, n := range []string{"http-post", "pg-insert", "pg-delete"} {
+			if !slices.Contains(names, n) {
+				t.Errorf("no %s ceiling (got %v)", n, names)
+			}
 		}
 	}
 	for sys, ws := range want {

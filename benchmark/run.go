@@ -287,12 +287,14 @@ func ceilings(ctx context.Context, cfg *config, recv *receiver.Receiver, p *work
 	var out []ceiling.Result
 	body := []byte(`{"namespace":"default","timerId":"ceiling","executeAt":"2026-01-01T00:00:00.000Z","payload":` +
 		fmt.Sprintf(`{"pad":"%s"}`, strings.Repeat("x", max(cfg.payloadBytes-10, 0))) + `,"attempt":1}`)
-	p.Logf("ceiling: raw HTTP POST to the receiver, %d clients, %s", cfg.httpClients, cfg.ceilingSeconds)
-	recv.Reset()
-	if r, err := ceiling.HTTPPost(ctx, recv.URL, body, cfg.httpClients, cfg.ceilingSeconds); err == nil {
-		out = append(out, r)
-	} else {
-		rep.Skipped = append(rep.Skipped, "HTTP ceiling: "+err.Error())
+	for _, c := range cfg.httpClients {
+		p.Logf("ceiling: raw HTTP POST to the receiver, %d clients, %s", c, cfg.ceilingSeconds)
+		recv.Reset()
+		if r, err := ceiling.HTTPPost(ctx, recv.URL, body, c, cfg.ceilingSeconds); err == nil {
+			out = append(out, r)
+		} else {
+			rep.Skipped = append(rep.Skipped, "HTTP ceiling: "+err.Error())
+		}
 	}
 	recv.Reset()
 	if cfg.servers.PostgresURL == "" {
