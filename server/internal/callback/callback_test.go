@@ -136,3 +136,27 @@ func TestFireConnectionErrorIsRetried(t *testing.T) {
 	require.Equal(t, callback.Retry, res.Outcome)
 	require.True(t, strings.HasPrefix(res.Err, "callback failed:"), res.Err)
 }
+
+// The hand-written body must be exactly what encoding/json makes of Request,
+// whatever the namespace and id hold.
+func TestBodyMatchesEncodingJSON(t *testing.T) {
+	t.Parallel()
+	names := []string{"default", "ns-1_a.b", `quo"te`, `back\slash`, "tab\there", "<html>&", "üñï©ødé", "emoji 🎉", "bad \xff utf8", "\u2028line"}
+	for _, ns := range names {
+		for _, id := range names {
+			tm := &timer.Timer{Namespace: ns, ID: id, ExecuteAt: time.Date(2026, 1, 2, 3, 4, 5, 678e6, time.UTC), Payload: json.RawMessage(`{"a":[1,2,{"b":null}]}`)}
+			for _, payload := range []json.RawMessage{tm.Payload, nil} {
+				tm.Payload = payload
+				sent := payload
+				if sent == nil {
+					sent = json.RawMessage("null")
+				}
+				want, err := json.Marshal(callback.Request{
+					Namespace: ns, TimerID: id, ExecuteAt: "2026-01-02T03:04:05.678Z", Payload: sent, Attempt: 3,
+				})
+				require.NoError(t, err)
+				require.Equal(t, string(want), string(callback.AppendBody(nil, tm, 3)), "namespace %q id %q", ns, id)
+			}
+		}
+	}
+}

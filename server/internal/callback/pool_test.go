@@ -29,3 +29,23 @@ func TestPoolBoundsConcurrency(t *testing.T) {
 	require.NoError(t, p.Go(context.Background(), func() { close(done) }))
 	<-done
 }
+
+// Workers are reused, and Close leaves none behind (the packages that use a
+// pool check for leaked goroutines).
+func TestPoolCloseWaitsForCallbacks(t *testing.T) {
+	t.Parallel()
+	p := callback.NewPool(4)
+	var ran sync.WaitGroup
+	release := make(chan struct{})
+	ran.Add(8)
+	for i := range 8 {
+		require.NoError(t, p.Go(context.Background(), func() { <-release; ran.Done() }))
+		if i == 3 {
+			require.Equal(t, 4, p.InUse())
+			close(release) // the next four wait for these to finish
+		}
+	}
+	ran.Wait()
+	p.Close()
+	require.Equal(t, 0, p.InUse())
+}

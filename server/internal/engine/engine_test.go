@@ -83,10 +83,12 @@ func setup(t *testing.T) *harness {
 	require.NoError(t, st.Migrate(context.Background()))
 	clock := clockwork.NewFakeClockAt(t0)
 	f := &firer{clock: clock, fired: make(chan firing, 100000)}
+	pool := callback.NewPool(64)
+	t.Cleanup(pool.Close) // after the engines' stops, registered later
 	return &harness{
 		t: t, clock: clock, store: st, firer: f,
 		deps: engine.Deps{
-			Store: st, Clock: clock, Firer: f, Pool: callback.NewPool(64),
+			Store: st, Clock: clock, Firer: f, Pool: pool,
 			Logger: zaptest.NewLogger(t), Metrics: metrics.New(prometheus.NewRegistry()),
 		},
 		cfg: engine.Config{

@@ -60,8 +60,10 @@ func setup(t *testing.T) *bundle {
 	t.Cleanup(func() { st.Close() })
 	require.NoError(t, st.Migrate(context.Background()))
 	log := zaptest.NewLogger(t)
+	pool := callback.NewPool(8)
+	t.Cleanup(pool.Close) // after the controller's stop, registered later
 	deps := engine.Deps{
-		Store: st, Clock: clockwork.NewRealClock(), Pool: callback.NewPool(8), Logger: log,
+		Store: st, Clock: clockwork.NewRealClock(), Pool: pool, Logger: log,
 		Metrics: metrics.New(prometheus.NewRegistry()), Firer: callback.NewClient(8),
 	}
 	as := &assigner{owners: map[store.ShardKey]string{}, def: "node-a"}
