@@ -10,9 +10,12 @@ import (
 	"net/http"
 	"net/url"
 	"reflect"
+	"slices"
 	"strings"
+	"sync"
 	"time"
 	"unicode"
+	"unicode/utf8"
 
 	"github.com/labstack/echo/v4"
 
@@ -42,7 +45,29 @@ func (o *optional[T]) UnmarshalJSON(b []byte) error {
 		o.null = true
 		return nil
 	}
+	// Most fields are strings without escapes; those need no second
+	// decoder (this runs several times per request).
+	if p, ok := any(&o.value).(*string); ok && isPlainString(b) {
+		*p = string(b[1 : len(b)-1])
+		return nil
+	}
 	return json.Unmarshal(b, &o.value)
+}
+
+// isPlainString reports whether b is a JSON string that means exactly the
+// bytes between its quotes: no escapes, no control characters, valid UTF-8
+// (encoding/json would replace invalid bytes).
+func isPlainString(b []byte) bool {
+	if len(b) < 2 || b[0] != '"' || b[len(b)-1] != '"' {
+		return false
+	}
+	s := b[1 : len(b)-1]
+	for _, c := range s {
+		if c < 0x20 || c == '"' || c == '\\' {
+			return false
+		}
+	}
+	return utf8.Valid(s)
 }
 
 // createRequest is the body of POST /api/v1/timers/create.
@@ -98,51 +123,128 @@ func (p *retryPolicyInput) UnmarshalJSON(b []byte) error {
 // checkFieldNames rejects the names in the JSON object b that are not
 // exactly a json name of struct t, and names given twice: encoding/json
 // alone matches names case-insensitively and keeps the last of duplicates,
-// which would accept bodies api.yaml rejects. A b that is not an object is
-// left to the decoder to report.
+// which would accept bodies api.yaml rejects. A b that is not a valid JSON
+// object is left to the decoder to report.
+//
+// It runs on every request, so it scans the bytes itself instead of going
+// through encoding/json's tokenizer, which cost more than decoding the body.
 func checkFieldNames(b []byte, t reflect.Type, prefix string) error {
-	dec := json.NewDecoder(bytes.NewReader(b))
-	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+	if !json.Valid(b) {
 		return nil
 	}
-	seen := map[string]bool{}
-	for dec.More() {
-		tok, err := dec.Token()
-		if err != nil {
-			return nil
+	names := jsonNames(t)
+	i := skipSpace(b, 0)
+	if i == len(b) || b[i] != '{' {
+		return nil
+	}
+	var seen [][]byte
+	for i = skipSpace(b, i+1); i < len(b) && b[i] == '"'; {
+		end := stringEnd(b, i)
+		name := b[i+1 : end-1]
+		if bytes.IndexByte(name, '\\') >= 0 {
+			var s string
+			if err := json.Unmarshal(b[i:end], &s); err != nil {
+				return nil
+			}
+			name = []byte(s)
 		}
-		name, _ := tok.(string)
-		if !hasJSONField(t, name) {
-			return &fieldNameError{problem: "unknown field", field: prefix + name}
+		if !names[string(name)] {
+			return &fieldNameError{problem: "unknown field", field: prefix + string(name)}
 		}
-		if seen[name] {
-			return &fieldNameError{problem: "duplicate field", field: prefix + name}
+		if slices.ContainsFunc(seen, func(n []byte) bool { return bytes.Equal(n, name) }) {
+			return &fieldNameError{problem: "duplicate field", field: prefix + string(name)}
 		}
-		seen[name] = true
-		var skip json.RawMessage
-		if err := dec.Decode(&skip); err != nil {
-			return nil
+		seen = append(seen, name)
+		i = skipSpace(b, skipValue(b, skipSpace(b, end)+1)) // past the ':' and the value
+		if i < len(b) && b[i] == ',' {
+			i = skipSpace(b, i+1)
 		}
 	}
 	return nil
 }
 
-// hasJSONField reports whether struct t, its embedded structs included, has
-// a field of that json name.
-func hasJSONField(t reflect.Type, name string) bool {
-	for i := range t.NumField() {
-		f := t.Field(i)
-		if f.Anonymous && f.Type.Kind() == reflect.Struct {
-			if hasJSONField(f.Type, name) {
-				return true
-			}
-			continue
-		}
-		if tag, _, _ := strings.Cut(f.Tag.Get("json"), ","); tag == name {
-			return true
+// The scanning helpers below assume valid JSON (checkFieldNames checks it
+// first): they never have to report an error.
+
+func skipSpace(b []byte, i int) int {
+	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
+		i++
+	}
+	return i
+}
+
+// stringEnd returns the index after the string that starts at b[i] ('"').
+func stringEnd(b []byte, i int) int {
+	for i++; i < len(b); i++ {
+		switch b[i] {
+		case '\\':
+			i++
+		case '"':
+			return i + 1
 		}
 	}
-	return false
+	return len(b)
+}
+
+// skipValue returns the index after the value that starts at or after i.
+func skipValue(b []byte, i int) int {
+	i = skipSpace(b, i)
+	if i == len(b) {
+		return i
+	}
+	switch b[i] {
+	case '"':
+		return stringEnd(b, i)
+	case '{', '[':
+		depth := 0
+		for i < len(b) {
+			switch b[i] {
+			case '"':
+				i = stringEnd(b, i)
+				continue
+			case '{', '[':
+				depth++
+			case '}', ']':
+				if depth--; depth == 0 {
+					return i + 1
+				}
+			}
+			i++
+		}
+		return i
+	}
+	for i < len(b) && b[i] != ',' && b[i] != '}' && b[i] != ']' && b[i] != ' ' && b[i] != '\t' && b[i] != '\n' && b[i] != '\r' {
+		i++
+	}
+	return i
+}
+
+// fieldNames caches jsonNames by struct type.
+var fieldNames sync.Map // reflect.Type -> map[string]bool
+
+// jsonNames returns the json names of struct t's fields, its embedded
+// structs' included.
+func jsonNames(t reflect.Type) map[string]bool {
+	if v, ok := fieldNames.Load(t); ok {
+		return v.(map[string]bool)
+	}
+	names := map[string]bool{}
+	var add func(t reflect.Type)
+	add = func(t reflect.Type) {
+		for i := range t.NumField() {
+			f := t.Field(i)
+			if f.Anonymous && f.Type.Kind() == reflect.Struct {
+				add(f.Type)
+				continue
+			}
+			if tag, _, _ := strings.Cut(f.Tag.Get("json"), ","); tag != "" && tag != "-" {
+				names[tag] = true
+			}
+		}
+	}
+	add(t)
+	fieldNames.Store(t, names)
+	return names
 }
 
 // fieldNameError names a field the request may not have, with its path.

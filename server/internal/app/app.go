@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"strconv"
 	"time"
 
@@ -105,13 +106,23 @@ func Run(ctx context.Context, cfg *config.Config, log *zap.Logger, ready func(ad
 
 	client := callback.NewClient(cfg.Callback.Concurrency)
 	defer client.Close()
+	pool := callback.NewPool(cfg.Callback.Concurrency)
+	defer pool.Close() // the engines, stopped before it, wait for their callbacks
 	deps := engine.Deps{
-		Store: st, Clock: clock, Firer: client, Pool: callback.NewPool(cfg.Callback.Concurrency),
+		Store: st, Clock: clock, Firer: client, Pool: pool,
 		Logger: log.Named("engine"), Metrics: m,
 	}
 	namespaces := make([]ownership.Namespace, len(cfg.Namespaces))
 	for i, ns := range cfg.Namespaces {
 		namespaces[i] = ownership.Namespace{Name: ns.Name, NumShards: ns.NumShards}
+	}
+
+	if cfg.Debug.PprofAddress != "" {
+		stopPprof, err := servePprof(cfg.Debug.PprofAddress, log)
+		if err != nil {
+			return err
+		}
+		defer stopPprof()
 	}
 
 	// Listen before joining, so the address peers forward to is known.
@@ -207,6 +218,26 @@ func Run(ctx context.Context, cfg *config.Config, log *zap.Logger, ready func(ad
 	owners.Stop(drainCtx)
 	log.Info("stopped; shards released")
 	return nil
+}
+
+// servePprof serves net/http/pprof on its own listener (debug.pprof_address),
+// on a mux of its own rather than http.DefaultServeMux, so that nothing else
+// registered there is exposed with it. It returns the function that stops it.
+func servePprof(addr string, log *zap.Logger) (func(), error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("listen on %s (debug.pprof_address): %w", addr, err)
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = srv.Serve(ln) }()
+	log.Info("pprof serving", zap.String("address", ln.Addr().String()))
+	return func() { _ = srv.Close() }, nil
 }
 
 // migrateWithRetry migrates at start, waiting for a database that is still

@@ -33,6 +33,7 @@ type Config struct {
 	Cluster    Cluster     `mapstructure:"cluster"`
 	Shutdown   Shutdown    `mapstructure:"shutdown"`
 	Log        Log         `mapstructure:"log"`
+	Debug      Debug       `mapstructure:"debug"`
 }
 
 // HTTP configures the API listener.
@@ -181,6 +182,13 @@ type Log struct {
 	Format string `mapstructure:"format"`
 }
 
+// Debug configures diagnostics that are off unless asked for.
+type Debug struct {
+	// PprofAddress, when set, serves net/http/pprof on its own listener,
+	// apart from the API, so that it can be bound to loopback only.
+	PprofAddress string `mapstructure:"pprof_address"`
+}
+
 // defaults holds every key's default; docs/configuration.md repeats them.
 var defaults = map[string]any{
 	"http.address":                         ":8080",
@@ -254,6 +262,7 @@ var defaults = map[string]any{
 	"shutdown.drain_timeout":               "10s",
 	"log.level":                            "info",
 	"log.format":                           "json",
+	"debug.pprof_address":                  "",
 }
 
 // Keys lists every configuration key, sorted as in the docs.
@@ -549,6 +558,13 @@ func (c *Config) Validate() error {
 	case "json", "console":
 	default:
 		bad("log.format", "must be json or console, got %q", c.Log.Format)
+	}
+	if c.Debug.PprofAddress != "" {
+		if _, p, err := net.SplitHostPort(c.Debug.PprofAddress); err != nil || p == "" {
+			bad("debug.pprof_address", "%q is not host:port", c.Debug.PprofAddress)
+		} else if c.Debug.PprofAddress == c.HTTP.Address {
+			bad("debug.pprof_address", "must differ from http.address (%s)", c.HTTP.Address)
+		}
 	}
 	return errors.Join(errs...)
 }

@@ -34,6 +34,7 @@ func TestDefaults(t *testing.T) {
 	require.Equal(t, 1000, c.Callback.Concurrency)
 	require.Equal(t, 10*time.Second, c.Callback.DefaultTimeout)
 	require.NotEmpty(t, c.Cluster.NodeName, "defaults to the hostname")
+	require.Empty(t, c.Debug.PprofAddress, "pprof is off unless asked for")
 	require.NoError(t, c.RetryPolicy().Validate())
 }
 
@@ -102,6 +103,8 @@ func TestInvalidConfigNamesTheKey(t *testing.T) {
 		{map[string]string{"DTIMER_CALLBACK_DEFAULT_TIMEOUT": "90s"}, "callback.default_timeout"},
 		{map[string]string{"DTIMER_CALLBACK_RETRY_BACKOFF_MULTIPLIER": "0.5"}, "callback.retry"},
 		{map[string]string{"DTIMER_LOG_LEVEL": "loud"}, "log.level"},
+		{map[string]string{"DTIMER_DEBUG_PPROF_ADDRESS": "6060"}, "debug.pprof_address"},
+		{map[string]string{"DTIMER_DEBUG_PPROF_ADDRESS": ":8080"}, "debug.pprof_address"},
 	} {
 		t.Run(tc.key, func(t *testing.T) {
 			for k, v := range tc.env {

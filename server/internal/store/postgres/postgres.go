@@ -9,6 +9,10 @@
 // write that starts while a claim is in flight waits for it, then sees the new
 // version and writes nothing. So once ShardClaim has returned, no write made
 // under an older fence can commit.
+//
+// Creates that arrive together share one such statement (batch.go), which
+// takes the fence step for each of their fences and writes each row only if
+// its own fence held: the same guarantee, row by row.
 package postgres
 
 import (
@@ -20,7 +24,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/dtimer/dtimer/server/internal/store"
@@ -40,9 +44,10 @@ type Config struct {
 
 // Store implements store.Store on PostgreSQL.
 type Store struct {
-	pool   *pgxpool.Pool
-	schema string
-	q      queries
+	pool    *pgxpool.Pool
+	schema  string
+	q       queries
+	creates creates
 }
 
 var _ store.Store = (*Store)(nil)
@@ -69,6 +74,14 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 	}
 	if cfg.MaxConns > 0 {
 		pc.MaxConns = cfg.MaxConns
+	}
+	// pgx prepares every statement. Left to choose, PostgreSQL plans the
+	// batch create anew on every execution (a custom plan costs it more CPU
+	// than the write itself); the generic plans of all the driver's
+	// statements are key lookups and key ranges (TestGenericPlansStayOnTheKey),
+	// so plan each once per connection. A plan_cache_mode in the URL wins.
+	if _, ok := pc.ConnConfig.RuntimeParams["plan_cache_mode"]; !ok {
+		pc.ConnConfig.RuntimeParams["plan_cache_mode"] = "force_generic_plan"
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, pc)
 	if err != nil {
@@ -173,11 +186,12 @@ func (s *Store) ShardRelease(ctx context.Context, f store.Fence) error {
 	return nil
 }
 
-// upsertRetries bounds the retries of TimerCreate after a unique violation
-// on the primary key (see there).
+// upsertRetries bounds the retries of a create statement after a unique
+// violation on the primary key (see TimerCreate).
 const upsertRetries = 3
 
-// TimerCreate implements store.Store.
+// TimerCreate implements store.Store. Concurrent creates are written
+// together, whatever their shards (see batch.go).
 //
 // ON CONFLICT only arbitrates the (namespace, shard_id, timer_id) index. Two
 // concurrent first inserts of one id at one position both pass that check,
@@ -188,20 +202,11 @@ func (s *Store) TimerCreate(ctx context.Context, f store.Fence, t *timer.Timer) 
 	if err := f.Covers(t); err != nil {
 		return fmt.Errorf("postgres: timer create: %w", err)
 	}
-	args, err := timerArgs(t)
+	row, err := newTimerRow(t)
 	if err != nil {
 		return fmt.Errorf("postgres: timer create: %w", err)
 	}
-	args = append([]any{f.Shard.Namespace, f.Shard.Shard, f.Version}, args...)
-	for attempt := 0; ; attempt++ {
-		err = s.fenced(ctx, "timer create", s.q.timerCreate, nil, args...)
-		var pgErr *pgconn.PgError
-		if attempt < upsertRetries && errors.As(err, &pgErr) &&
-			pgErr.Code == uniqueViolation && pgErr.ConstraintName == pkeyConstraint {
-			continue
-		}
-		return err
-	}
+	return s.create(&createOp{ctx: ctx, fence: f, row: row, done: make(chan error, 1)})
 }
 
 // TimerUpdate implements store.Store.
@@ -212,11 +217,11 @@ func (s *Store) TimerUpdate(ctx context.Context, f store.Fence, p store.TimerUpd
 	if err := f.Covers(p.Timer); err != nil {
 		return fmt.Errorf("postgres: timer update: %w", err)
 	}
-	args, err := timerArgs(p.Timer)
+	row, err := newTimerRow(p.Timer)
 	if err != nil {
 		return fmt.Errorf("postgres: timer update: %w", err)
 	}
-	args = append([]any{f.Shard.Namespace, f.Shard.Shard, f.Version}, args...)
+	args := append([]any{f.Shard.Namespace, f.Shard.Shard, f.Version}, row.args()...)
 	q := s.q.timerUpdate
 	if p.IfDueAt != nil {
 		q = s.q.timerUpdateIfDueAt
@@ -322,35 +327,88 @@ func translateNoRows(op string, err, notFound error) error {
 // utc truncates a time to the stored precision, in UTC.
 func utc(t time.Time) time.Time { return t.UTC().Truncate(precision) }
 
-// timerArgs are a timer's column values in the order of the queries' $4..$16.
-func timerArgs(t *timer.Timer) ([]any, error) {
+// timerRow is a timer's column values, those of the queries' $4..$16.
+type timerRow struct {
+	rowType     int16
+	dueAt       time.Time
+	uuid        pgtype.UUID // not uuid.UUID, which pgx encodes through its string form
+	id          string
+	executeAt   time.Time
+	callbackURL string
+	payload     *string // NULL: no payload, JSON null included
+	policy      string
+	timeoutMS   int64
+	createdAt   time.Time
+	updatedAt   time.Time
+	attempts    int32
+	lastError   *string
+}
+
+func newTimerRow(t *timer.Timer) (timerRow, error) {
 	policy, err := json.Marshal(t.RetryPolicy)
 	if err != nil {
-		return nil, fmt.Errorf("encode retry policy: %w", err)
+		return timerRow{}, fmt.Errorf("encode retry policy: %w", err)
 	}
-	var payload *string // NULL: no payload, JSON null included
+	r := timerRow{
+		rowType:     int16(store.RowTypeOf(t.Status)),
+		dueAt:       utc(t.DueAt),
+		uuid:        pgtype.UUID{Bytes: t.UUID, Valid: true},
+		id:          t.ID,
+		executeAt:   utc(t.ExecuteAt),
+		callbackURL: t.CallbackURL,
+		policy:      string(policy),
+		timeoutMS:   t.CallbackTimeout.Milliseconds(),
+		createdAt:   utc(t.CreatedAt),
+		updatedAt:   utc(t.UpdatedAt),
+		attempts:    int32(t.Attempts),
+	}
 	if p := strings.TrimSpace(string(t.Payload)); p != "" && p != "null" {
-		payload = &p
+		r.payload = &p
 	}
-	var lastError *string
 	if t.LastError != "" {
-		lastError = &t.LastError
+		r.lastError = &t.LastError
 	}
-	return []any{
-		int16(store.RowTypeOf(t.Status)), // $4
-		utc(t.DueAt),                     // $5
-		t.UUID,                           // $6
-		t.ID,                             // $7
-		utc(t.ExecuteAt),                 // $8
-		t.CallbackURL,                    // $9
-		payload,                          // $10
-		string(policy),                   // $11
-		t.CallbackTimeout.Milliseconds(), // $12
-		utc(t.CreatedAt),                 // $13
-		utc(t.UpdatedAt),                 // $14
-		t.Attempts,                       // $15
-		lastError,                        // $16
-	}, nil
+	return r, nil
+}
+
+// args are $4..$16 of a single-row write.
+func (r *timerRow) args() []any {
+	return []any{r.rowType, r.dueAt, r.uuid, r.id, r.executeAt, r.callbackURL, r.payload,
+		r.policy, r.timeoutMS, r.createdAt, r.updatedAt, r.attempts, r.lastError}
+}
+
+// timerRows are the columns of several timers, one slice each.
+type timerRows struct {
+	rowType              []int16
+	dueAt, executeAt     []time.Time
+	uuid                 []pgtype.UUID
+	id, callbackURL      []string
+	payload, lastError   []*string
+	policy               []string
+	timeoutMS            []int64
+	createdAt, updatedAt []time.Time
+	attempts             []int32
+}
+
+func (c *timerRows) add(r *timerRow) {
+	c.rowType = append(c.rowType, r.rowType)
+	c.dueAt = append(c.dueAt, r.dueAt)
+	c.uuid = append(c.uuid, r.uuid)
+	c.id = append(c.id, r.id)
+	c.executeAt = append(c.executeAt, r.executeAt)
+	c.callbackURL = append(c.callbackURL, r.callbackURL)
+	c.payload = append(c.payload, r.payload)
+	c.policy = append(c.policy, r.policy)
+	c.timeoutMS = append(c.timeoutMS, r.timeoutMS)
+	c.createdAt = append(c.createdAt, r.createdAt)
+	c.updatedAt = append(c.updatedAt, r.updatedAt)
+	c.attempts = append(c.attempts, r.attempts)
+	c.lastError = append(c.lastError, r.lastError)
+}
+
+func (c *timerRows) args() []any {
+	return []any{c.rowType, c.dueAt, c.uuid, c.id, c.executeAt, c.callbackURL, c.payload,
+		c.policy, c.timeoutMS, c.createdAt, c.updatedAt, c.attempts, c.lastError}
 }
 
 // scanTimer reads the columns of timerColumns.

@@ -1361,6 +1361,17 @@ func (s *suite) testConcurrency(t *testing.T) {
 		create(t, b, fence, newTimer(keyA1, "after-claims", base))
 	})
 
+	t.Run("ClaimRacesCreatesInTwoShards", func(t *testing.T) {
+		// Creates of two shards interleave while one of the shards is
+		// claimed away: a driver may write creates of several shards
+		// together, but a stale fence must fail its own creates only, with
+		// the same guarantees as for one shard.
+		t.Parallel()
+		b := s.setup(t)
+		other := claim(t, b, keyA2, nodeA, 0)
+		claimDuringTwoShardCreates(t, b, b.fence, other)
+	})
+
 	t.Run("ClaimRacesFencedDeleteRange", func(t *testing.T) {
 		// A range delete is the longest fenced write. Racing a claim, it
 		// either commits before the claim (the new owner never sees the
@@ -1406,6 +1417,89 @@ func (s *suite) testConcurrency(t *testing.T) {
 			fence = next
 		}
 	})
+}
+
+// claimDuringTwoShardCreates has workers create timers in two shards, under
+// claimed and kept, and claims the first shard for nodeB while they are at
+// it. Creates under kept must all succeed; those under claimed as in
+// claimDuringCreates.
+func claimDuringTwoShardCreates(t *testing.T, b *bundle, claimed, kept store.Fence) {
+	t.Helper()
+	const workers = 8
+	const maxPerWorker = 2000 // a bound in case the claim never gets through
+	var (
+		wg        sync.WaitGroup
+		succeeded atomic.Int64
+		enough    = make(chan struct{})
+		once      sync.Once
+		oks       = make([][]*timer.Timer, workers)
+		losts     = make([][]*timer.Timer, workers)
+		keptOKs   = make([][]*timer.Timer, workers)
+		others    = make([]error, workers)
+	)
+	for w := range workers {
+		wg.Go(func() {
+			lostInARow := 0
+			for i := range maxPerWorker {
+				at := base.Add(time.Duration(w*maxPerWorker+i) * time.Millisecond)
+				// The kept shard's create first, then the claimed one's:
+				// each worker's pair may share a batch with other pairs.
+				k := newTimer(kept.Shard, fmt.Sprintf("kept-w%d-%d", w, i), at)
+				if err := b.s.TimerCreate(b.ctx, kept, k); err != nil {
+					others[w] = fmt.Errorf("create %q under the kept fence: %w", k.ID, err)
+					return
+				}
+				keptOKs[w] = append(keptOKs[w], k)
+				tm := newTimer(claimed.Shard, fmt.Sprintf("claimed-w%d-%d", w, i), at)
+				err := b.s.TimerCreate(b.ctx, claimed, tm)
+				switch {
+				case err == nil:
+					if lostInARow > 0 {
+						others[w] = fmt.Errorf("create %q succeeded after a create failed with ownership lost", tm.ID)
+						return
+					}
+					oks[w] = append(oks[w], tm)
+					if succeeded.Add(1) == 2*workers {
+						once.Do(func() { close(enough) })
+					}
+				case errors.Is(err, store.ErrShardOwnershipLost):
+					losts[w] = append(losts[w], tm)
+					if lostInARow++; lostInARow == 3 {
+						return
+					}
+				default:
+					others[w] = fmt.Errorf("create %q: %w", tm.ID, err)
+					return
+				}
+			}
+		})
+	}
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-enough:
+	case <-done:
+	}
+	claim(t, b, claimed.Shard, nodeB, claimed.Version)
+	seen := window(t, b, claimed.Shard)
+	<-done
+
+	for _, err := range others {
+		require.NoError(t, err)
+	}
+	var ok, lost, keptOK []*timer.Timer
+	for w := range workers {
+		ok = append(ok, oks[w]...)
+		lost = append(lost, losts[w]...)
+		keptOK = append(keptOK, keptOKs[w]...)
+	}
+	require.GreaterOrEqual(t, len(ok), 2*workers)
+	require.NotEmpty(t, lost, "no create saw the claim")
+	requireTimersEqual(t, sorted(ok), seen)
+	for _, tm := range lost {
+		requireNotFound(t, b, claimed.Shard, tm.ID)
+	}
+	requireTimersEqual(t, sorted(keptOK), window(t, b, kept.Shard))
 }
 
 // createConcurrently creates timers from several goroutines.
