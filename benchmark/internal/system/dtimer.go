@@ -189,6 +189,8 @@ func (d *Dtimer) startNode(n *node) error {
 	cmd.Env, cmd.Stdout, cmd.Stderr = env, f, f
 	cmd.Dir = d.cfg.LogDir
 	cmd.WaitDelay = 5 * time.Second
+	// A harness that dies (killed, crashed) takes its servers with it.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		f.Close()
 		return fmt.Errorf("start %s: %w", d.cfg.Bin, err)

@@ -92,6 +92,7 @@ func (r *River) Start(ctx context.Context) error {
 	}
 	cmd := exec.Command(self, WorkerArgs(r.cfg.Worker)...)
 	cmd.Stderr = f
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		f.Close()

@@ -29,6 +29,26 @@ func startNode(t *testing.T, name string, seeds ...string) *Gossip {
 	return g
 }
 
+// freeTCPAndUDP returns a 127.0.0.1 address whose port is free for both TCP
+// and UDP now: memberlist binds both, and a port checked for UDP alone was
+// seen taken on the TCP side by the time the seed started.
+func freeTCPAndUDP(t *testing.T) string {
+	t.Helper()
+	for range 50 {
+		tl, err := net.Listen("tcp", "127.0.0.1:0")
+		require.NoError(t, err)
+		a := tl.Addr().String()
+		ul, err := net.ListenPacket("udp", a)
+		_ = tl.Close()
+		if err == nil {
+			_ = ul.Close()
+			return a
+		}
+	}
+	t.Fatal("no port free for both TCP and UDP")
+	return ""
+}
+
 func addr(g *Gossip) string {
 	n := g.ml.LocalNode()
 	return net.JoinHostPort(n.Addr.String(), strconv.Itoa(int(n.Port)))
@@ -90,11 +110,8 @@ func TestGossipDrainThenLeaveIsSeenAsLeft(t *testing.T) {
 }
 
 func TestGossipJoinsASeedThatStartsLater(t *testing.T) {
-	// Reserve a port for the seed, then start the joiner first.
-	ln, err := net.ListenPacket("udp", "127.0.0.1:0")
-	require.NoError(t, err)
-	seedAddr := ln.LocalAddr().String()
-	require.NoError(t, ln.Close())
+	// Find a port for the seed, then start the joiner first.
+	seedAddr := freeTCPAndUDP(t)
 
 	b := startNode(t, "node-2", seedAddr)
 	defer b.Leave(time.Second)
