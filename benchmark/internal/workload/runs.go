@@ -249,7 +249,9 @@ func (r *Runner) Scale(ctx context.Context, sys system.System, stored, rate int,
 	r.Recv.Reset()
 	day := time.Now().Add(24 * time.Hour)
 	ts := r.timers("stored", stored, func(i int) time.Time { return day.Add(time.Duration(i) * time.Millisecond) })
+	a := r.snap(ctx, sys)
 	lat, took, err := r.createAll(ctx, sys, ts, false, fmt.Sprintf("%s: store %d future timers", sys.Name(), stored))
+	load.Costs = costs(a, r.snap(ctx, sys), 0)
 	ts = nil
 	load.Creates, load.CreateSeconds = stored, seconds(took)
 	load.CreatesPerSec = float64(stored) / took.Seconds()
