@@ -2,55 +2,33 @@ package river
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
-	"net/url"
 	"os"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
+	"github.com/dtimer/dtimer/benchmark/internal/stores"
 )
 
-// freshDB creates a throw-away database on the server at
-// DTIMER_TEST_POSTGRES_URL (skipping the test if unset) and returns its URL.
+// freshDB is a throw-away database on the server at
+// DTIMER_TEST_POSTGRES_URL (the test is skipped if it is unset).
 func freshDB(t *testing.T) string {
 	t.Helper()
 	base := os.Getenv("DTIMER_TEST_POSTGRES_URL")
 	if base == "" {
 		t.Skip("DTIMER_TEST_POSTGRES_URL not set")
 	}
-	b := make([]byte, 6)
-	_, _ = rand.Read(b)
-	name := "bench_river_" + hex.EncodeToString(b)
-	exec := func(sql string) {
-		t.Helper()
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		conn, err := pgx.Connect(ctx, base)
-		if err != nil {
-			t.Fatalf("connect: %v", err)
-		}
-		defer conn.Close(ctx)
-		if _, err := conn.Exec(ctx, sql); err != nil {
-			t.Fatalf("%s: %v", sql, err)
-		}
-	}
-	ident := pgx.Identifier{name}.Sanitize()
-	exec("CREATE DATABASE " + ident)
-	t.Cleanup(func() { exec("DROP DATABASE IF EXISTS " + ident + " WITH (FORCE)") })
-	u, err := url.Parse(base)
+	u, drop, err := stores.FreshPostgresDatabase(context.Background(), base)
 	if err != nil {
-		t.Fatalf("parse url: %v", err)
+		t.Fatal(err)
 	}
-	u.Path = "/" + name
-	return u.String()
+	t.Cleanup(func() { _ = drop(context.Background()) })
+	return u
 }
 
 func TestDescribe(t *testing.T) {

@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	neturl "net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -226,15 +227,12 @@ func FreshPostgresDatabase(ctx context.Context, url string) (string, func(contex
 	if _, err := conn.Exec(ctx, "CREATE DATABASE "+n); err != nil {
 		return "", nil, fmt.Errorf("create database %s: %w", n, err)
 	}
-	cfg, err := pgx.ParseConfig(url)
-	if err != nil {
-		return "", nil, err
+	u, err := neturl.Parse(url)
+	if err != nil || u.Scheme == "" {
+		return "", nil, fmt.Errorf("postgres url must be a postgres:// URL to derive another database's URL from it")
 	}
-	old := cfg.Database
-	newURL := strings.Replace(url, "/"+old, "/"+n, 1)
-	if old == "" || !strings.Contains(url, "/"+old) {
-		return "", nil, fmt.Errorf("postgres url %q: cannot find its database name to replace", url)
-	}
+	u.Path = "/" + n
+	newURL := u.String()
 	drop := func(ctx context.Context) error {
 		c, err := pgx.Connect(ctx, url)
 		if err != nil {
