@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"runtime/debug"
+	"slices"
 	"strings"
 	"time"
 
@@ -190,7 +191,7 @@ func run(ctx context.Context, cfg *config) error {
 	}
 	if cfg.has("scale") {
 		for _, d := range cfg.scaleDrivers {
-			if !contains(cfg.drivers, d) {
+			if !slices.Contains(cfg.drivers, d) {
 				rep.Skipped = append(rep.Skipped, "scale on "+d+" (driver not run)")
 				continue
 			}
@@ -200,7 +201,7 @@ func run(ctx context.Context, cfg *config) error {
 		}
 	}
 	if cfg.has("cluster") {
-		if contains(cfg.drivers, "postgres") {
+		if slices.Contains(cfg.drivers, "postgres") {
 			for _, n := range cfg.clusterNodes {
 				each(dtimerAt("postgres", n), "cluster", func(s system.System) []*workload.Result {
 					r := runner.Burst(ctx, s, cfg.clusterTimers)
@@ -247,15 +248,6 @@ func run(ctx context.Context, cfg *config) error {
 		}
 	}
 	return nil
-}
-
-func contains(xs []string, x string) bool {
-	for _, v := range xs {
-		if v == x {
-			return true
-		}
-	}
-	return false
 }
 
 func summary(r *workload.Result) string {

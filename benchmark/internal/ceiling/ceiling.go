@@ -15,7 +15,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math"
 	"net/http"
 	"slices"
 	"sync"
@@ -23,6 +22,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/dtimer/dtimer/benchmark/internal/stats"
 )
 
 // Result is the outcome of one measurement.
@@ -42,22 +43,10 @@ func result(name string, concurrency int, durs []time.Duration, elapsed time.Dur
 	if r.Seconds > 0 {
 		r.PerSecond = float64(r.Ops) / r.Seconds
 	}
-	slices.Sort(durs)
-	r.P50Ms = ms(percentile(durs, 0.50))
-	r.P99Ms = ms(percentile(durs, 0.99))
+	sum := stats.Summarize(durs)
+	r.P50Ms, r.P99Ms = sum.P50, sum.P99
 	return r
 }
-
-// percentile is the nearest-rank percentile of sorted durations (0 if none).
-func percentile(sorted []time.Duration, p float64) time.Duration {
-	if len(sorted) == 0 {
-		return 0
-	}
-	i := int(math.Ceil(p*float64(len(sorted)))) - 1
-	return sorted[max(i, 0)]
-}
-
-func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 
 // run calls op from concurrency goroutines, each until op reports it is out
 // of work (false), d has passed or an error occurs, and returns the per-op

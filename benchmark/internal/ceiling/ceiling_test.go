@@ -39,25 +39,6 @@ func checkResult(t *testing.T, r Result, name string, concurrency int) {
 	}
 }
 
-func TestPercentile(t *testing.T) {
-	var ds []time.Duration
-	for i := 1; i <= 100; i++ {
-		ds = append(ds, time.Duration(i)*time.Millisecond)
-	}
-	if got := percentile(ds, 0.5); got != 50*time.Millisecond {
-		t.Errorf("p50 = %s", got)
-	}
-	if got := percentile(ds, 0.99); got != 99*time.Millisecond {
-		t.Errorf("p99 = %s", got)
-	}
-	if got := percentile(ds[:1], 0.99); got != time.Millisecond {
-		t.Errorf("p99 of one = %s", got)
-	}
-	if got := percentile(nil, 0.5); got != 0 {
-		t.Errorf("p50 of none = %s", got)
-	}
-}
-
 func TestHTTPPost(t *testing.T) {
 	var n atomic.Int64
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/dtimer/dtimer/benchmark/internal/ceiling"
+	"github.com/dtimer/dtimer/benchmark/internal/stores"
 	"github.com/dtimer/dtimer/benchmark/internal/workload"
 )
 
@@ -45,8 +46,7 @@ func Key(r *workload.Result) string {
 
 // order sorts systems: dtimer by driver, then the peer, then clusters.
 func order(system string) string {
-	drivers := []string{"sqlite", "postgres", "mysql", "mongodb", "dynamodb", "cassandra"}
-	for i, d := range drivers {
+	for i, d := range stores.Drivers {
 		if system == "dtimer/"+d {
 			return fmt.Sprintf("0%d", i)
 		}

@@ -18,6 +18,24 @@ import (
 // enough that the peer's scheduler is not what is measured.
 const DefaultLead = 6 * time.Second
 
+// firstDue is a due time that the creates of n timers, started now, will
+// not overrun: it learns the system's create rate from a warm-up, allows half
+// as long again, plus the lead.
+func (r *Runner) firstDue(ctx context.Context, sys system.System, n int) (time.Time, error) {
+	rate, err := r.estimateRate(ctx, sys)
+	if err != nil {
+		return time.Time{}, err
+	}
+	return time.Now().Add(time.Duration(1.5*float64(n)/rate*float64(time.Second)) + r.Lead).Truncate(time.Millisecond), nil
+}
+
+// stop stops sys gracefully, bounded by a minute.
+func stop(ctx context.Context, sys system.System) error {
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	return sys.Stop(ctx)
+}
+
 // Create: n timers through the system's create call from r.Clients clients,
 // due an hour from now (they never fire during the run).
 func (r *Runner) Create(ctx context.Context, sys system.System, n int) *Result {
@@ -42,12 +60,11 @@ func (r *Runner) Create(ctx context.Context, sys system.System, n int) *Result {
 func (r *Runner) Burst(ctx context.Context, sys system.System, n int) *Result {
 	res := &Result{System: sys.Name(), Workload: "burst", Params: map[string]any{"timers": n}}
 	r.Recv.Reset()
-	rate, err := r.estimateRate(ctx, sys, true)
+	due, err := r.firstDue(ctx, sys, n)
 	if err != nil {
 		res.Error = err.Error()
 		return res
 	}
-	due := time.Now().Add(time.Duration(1.5*float64(n)/rate*float64(time.Second)) + r.Lead).Truncate(time.Millisecond)
 	ts := r.timers("burst", n, func(int) time.Time { return due })
 	_, took, err := r.createAll(ctx, sys, ts, true, sys.Name()+": prepare burst")
 	res.Creates, res.CreateSeconds = n, seconds(took)
@@ -90,13 +107,12 @@ func (r *Runner) steady(ctx context.Context, sys system.System, name string, rat
 	res := &Result{System: sys.Name(), Workload: name, Params: map[string]any{
 		"rate": rate, "seconds": dur.Seconds(), "timers": n, "precreated": pre, "leadSeconds": r.Lead.Seconds()}}
 	r.Recv.Reset()
-	est, err := r.estimateRate(ctx, sys, true)
+	start, err := r.firstDue(ctx, sys, pre)
 	if err != nil {
 		res.Error = err.Error()
 		return res
 	}
 	prefix := fmt.Sprintf("%s%d", name, rate)
-	start := time.Now().Add(time.Duration(1.5*float64(pre)/est*float64(time.Second)) + r.Lead).Truncate(time.Millisecond)
 	interval := time.Second / time.Duration(rate)
 	dueOf := func(i int) time.Time { return start.Add(time.Duration(i) * interval) }
 	ts := r.timers(prefix, n, dueOf)
@@ -181,12 +197,11 @@ func (r *Runner) steady(ctx context.Context, sys system.System, name string, rat
 func (r *Runner) Backlog(ctx context.Context, sys system.System, n int, spread time.Duration) *Result {
 	res := &Result{System: sys.Name(), Workload: "backlog", Params: map[string]any{"timers": n, "spreadSeconds": spread.Seconds()}}
 	r.Recv.Reset()
-	est, err := r.estimateRate(ctx, sys, true)
+	first, err := r.firstDue(ctx, sys, n)
 	if err != nil {
 		res.Error = err.Error()
 		return res
 	}
-	first := time.Now().Add(time.Duration(1.5*float64(n)/est*float64(time.Second)) + r.Lead).Truncate(time.Millisecond)
 	ts := r.timers("backlog", n, func(i int) time.Time { return first.Add(time.Duration(i) * spread / time.Duration(n)) })
 	_, took, err := r.createAll(ctx, sys, ts, true, sys.Name()+": prepare backlog")
 	res.Creates, res.CreateSeconds = n, seconds(took)
@@ -194,10 +209,7 @@ func (r *Runner) Backlog(ctx context.Context, sys system.System, n int, spread t
 		res.Error = err.Error()
 		return res
 	}
-	stopCtx, cancel := context.WithTimeout(ctx, time.Minute)
-	err = sys.Stop(stopCtx)
-	cancel()
-	if err != nil {
+	if err := stop(ctx, sys); err != nil {
 		res.Error = err.Error()
 		return res
 	}
@@ -266,9 +278,7 @@ func (r *Runner) Scale(ctx context.Context, sys system.System, stored, rate int,
 		load.Error = err.Error()
 		return []*Result{load}
 	}
-	stopCtx, cancel := context.WithTimeout(ctx, time.Minute)
-	err = sys.Stop(stopCtx)
-	cancel()
+	err = stop(ctx, sys)
 	if err == nil {
 		err = sys.Start(ctx)
 	}

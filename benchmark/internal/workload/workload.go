@@ -167,15 +167,16 @@ func (r *Runner) createAll(ctx context.Context, sys system.System, ts []system.T
 
 // estimateRate creates a few timers due an hour from now (they stay out of
 // the way) to learn how fast this system takes creates, so that a workload
-// can choose due times its creates will not overrun.
-func (r *Runner) estimateRate(ctx context.Context, sys system.System, bulk bool) (float64, error) {
+// can choose due times its (bulk, where the system has it) creates will not
+// overrun.
+func (r *Runner) estimateRate(ctx context.Context, sys system.System) (float64, error) {
 	n := 400
-	if _, ok := sys.(system.BulkCreator); ok && bulk {
+	if _, ok := sys.(system.BulkCreator); ok {
 		n = 4000
 	}
 	far := time.Now().Add(time.Hour)
 	ts := r.timers("warmup-"+strconv.FormatInt(time.Now().UnixNano(), 36), n, func(int) time.Time { return far })
-	_, took, err := r.createAll(ctx, sys, ts, bulk, "warm-up creates")
+	_, took, err := r.createAll(ctx, sys, ts, true, "warm-up creates")
 	if err != nil {
 		return 0, err
 	}
@@ -260,11 +261,11 @@ func (r *Runner) waitFired(ctx context.Context, desc string, n int, deadline tim
 // settle waits, up to max, for the store counters to stop changing, so that
 // the range delete that follows the last fire is counted.
 func (r *Runner) settle(ctx context.Context, sys system.System, maxWait time.Duration) {
-	if c, _ := sys.Counters(ctx); c == nil {
+	prev, _ := sys.Counters(ctx)
+	if prev == nil {
 		return
 	}
 	deadline := time.Now().Add(maxWait)
-	prev, _ := sys.Counters(ctx)
 	stable := 0
 	for time.Now().Before(deadline) && stable < 3 {
 		select {
